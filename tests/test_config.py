@@ -1,0 +1,47 @@
+"Config: every ranged field rejects out-of-range values by name; YAML round-trips every preset."
+from dataclasses import fields
+import pytest, yaml
+from hypothesis import given, strategies as st, settings
+from bppo_kit.config import (PRESETS, Config, ConfigError, apply_overrides, get_config, load_config, save_config,
+                             set_value, validate)
+
+def ranged_fields():
+    c = Config()
+    for sec in fields(c):
+        for f in fields(getattr(c, sec.name)):
+            m = f.metadata
+            if any(m.get(k) is not None for k in ("gt", "ge", "lt", "le", "choices")): yield f"{sec.name}.{f.name}", f
+
+@pytest.mark.parametrize("key,f", list(ranged_fields()), ids=lambda x: x if isinstance(x, str) else "")
+def test_out_of_range_names_field(key, f):
+    m = f.metadata
+    if m["choices"]: bad = "not-a-choice"
+    elif m["gt"] is not None: bad = m["gt"]
+    elif m["ge"] is not None: bad = m["ge"] - 1
+    elif m["lt"] is not None: bad = m["lt"]
+    else: bad = m["le"] + 1
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")): apply_overrides(Config(), [f"{key}={bad}"])
+
+@pytest.mark.parametrize("preset", list(PRESETS))
+def test_yaml_roundtrip(preset, tmp_path):
+    c = get_config(preset)
+    assert load_config(save_config(c, tmp_path / "c.yaml")) == c
+
+def test_unknown_section_and_key(tmp_path):
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump({"rollout": {"temperatur": 1.0}}))
+    with pytest.raises(ConfigError, match="did you mean rollout.temperature"): load_config(tmp_path / "c.yaml")
+    (tmp_path / "d.yaml").write_text("rollout: 3\n")
+    with pytest.raises(ConfigError, match="must be a mapping"): load_config(tmp_path / "d.yaml")
+    (tmp_path / "e.yaml").write_text("rollout: [\n")
+    with pytest.raises(ConfigError, match="not valid YAML"): load_config(tmp_path / "e.yaml")
+
+@settings(max_examples=200, deadline=None)
+@given(st.floats(allow_nan=True, allow_infinity=True))
+def test_temperature_accepts_exactly_positive(t):
+    c = Config()
+    if t > 0 and t == t: assert set_value(c, "rollout.temperature", t).rollout.temperature == t
+    else:
+        with pytest.raises(ConfigError, match="rollout.temperature"): set_value(c, "rollout.temperature", t)
+
+def test_bool_is_not_int():
+    with pytest.raises(ConfigError, match="train.steps: expected int"): set_value(Config(), "train.steps", True)
