@@ -1,0 +1,111 @@
+"""The prefix-loss kernels against the float64 PyTorch reference: the chunked path in this process, the Triton kernels
+in a subprocess under TRITON_INTERPRET=1 (skipped without triton), plus dispatch, the no-triton import, and the
+benchmark's CI size."""
+import importlib.util, json, subprocess, sys
+import pytest, torch
+from hypothesis import given, settings, strategies as st
+from bppo_kit.kernels import pick_impl, prefix_policy_loss, reference_errors, run_interpreted, token_terms
+from conftest import ROOT
+
+TOL = 1e-4  # relative, against float64
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+
+def _ok(e, tol=TOL):
+    return max(e["loss"], e["hidden"], e["weight"]) < tol and e["masked_grad"] == 0.0
+
+@pytest.mark.parametrize("kw", [dict(), dict(masked=0.0), dict(masked=1.0), dict(beta=0.1, seed=3),
+                                dict(N=300, H=64, V=1000, seed=4), dict(N=1, H=3, V=2, masked=0.0)])
+def test_chunked_matches_float64(kw):
+    e = reference_errors("chunked", block_n=16, block_v=64, **kw)
+    assert _ok(e), e
+
+@settings(max_examples=30, deadline=None)
+@given(N=st.integers(1, 50), H=st.integers(1, 33), V=st.integers(1, 300), masked=st.sampled_from([0.0, 0.3, 0.9, 1.0]),
+       bn=st.integers(1, 64), bv=st.integers(1, 128), beta=st.sampled_from([0.0, 0.05]), seed=st.integers(0, 10**6))
+def test_chunked_random_shapes(N, H, V, masked, bn, bv, beta, seed):
+    e = reference_errors("chunked", N=N, H=H, V=V, masked=masked, seed=seed, beta=beta, block_n=bn, block_v=bv)
+    assert _ok(e), e
+
+def test_masked_tokens_exactly_zero_grad_and_weight_ignores_them():
+    g = torch.Generator().manual_seed(0)
+    N, H, V = 40, 16, 50
+    h, w = torch.randn(N, H, generator=g, requires_grad=True), torch.randn(V, H, generator=g, requires_grad=True)
+    t, old, adv = torch.randint(V, (N,), generator=g), torch.randn(N, generator=g) - 4, torch.randn(N, generator=g)
+    mask = torch.rand(N, generator=g) < 0.5
+    prefix_policy_loss(h, w, t, old, adv, mask, impl="chunked").backward()
+    assert (h.grad[~mask] == 0).all() and (h.grad[mask] != 0).any()
+    # changing a masked token's inputs changes nothing
+    h2, old2 = h.detach().clone(), old.clone()
+    h2[~mask] = 100.0; old2[~mask] = 7.0
+    w2 = w.detach().clone().requires_grad_()
+    l2 = prefix_policy_loss(h2, w2, t, old2, adv, mask, impl="chunked"); l2.backward()
+    torch.testing.assert_close(w2.grad, w.grad)
+
+def test_invariants_and_stats():
+    N, H, V = 20, 8, 30
+    h, w, t = torch.randn(N, H), torch.randn(V, H), torch.randint(V, (N,))
+    mask = torch.arange(N) < 12
+    _, s = prefix_policy_loss(h, w, t, torch.zeros(N), torch.zeros(N), mask, impl="chunked", return_stats=True)
+    lp = s["logp"]
+    for impl in ("chunked", "naive"):  # ratio 1 and advantage 0 give loss 0; KL of a policy with itself is 0
+        loss, st_ = prefix_policy_loss(h, w, t, lp, torch.zeros(N), mask, impl=impl, return_stats=True,
+                                       ref_logp=lp, beta=0.5)
+        assert abs(loss.item()) < 1e-6 and st_["kl"].abs().max() < 1e-6 and st_["clip_frac"] == 0
+        torch.testing.assert_close(st_["ratio"][mask], torch.ones(12), atol=1e-5, rtol=0)
+        assert (st_["ratio"][~mask] == 0).all() and not st_["clipped"][~mask].any()
+    loss, dl, _, _ = token_terms(torch.zeros(3), torch.zeros(3), torch.tensor([1., -1., 0.]))
+    torch.testing.assert_close(dl, torch.tensor([-1., 1., 0.]))  # on-policy: d loss / d logp = -A
+
+def test_dispatch_and_errors():
+    x = torch.zeros(2, 2)
+    assert pick_impl(x) in ("chunked", "triton")
+    assert pick_impl(x, "naive") == "naive"
+    with pytest.raises(ValueError, match="impl must be"): pick_impl(x, "fast")
+    if HAS_TRITON:
+        with pytest.raises(ValueError, match="Triton kernels take"): pick_impl(x.double(), "triton")
+    # auto never picks Triton for float64, even where it would otherwise
+    assert pick_impl(x.double()) == "chunked"
+
+def test_bfloat16_inputs_chunked():
+    e = reference_errors("chunked", dtype=torch.bfloat16, N=60, V=200, block_n=16, block_v=64)
+    assert _ok(e, 1e-2), e  # gradients are returned in bfloat16: ~3 significant digits
+
+def test_imports_and_runs_without_triton():
+    code = ("import sys; sys.modules['triton'] = None\n"  # any `import triton` now fails
+            "import importlib.util; importlib.util.find_spec = lambda n, *a, _f=importlib.util.find_spec: None if n == 'triton' else _f(n, *a)\n"
+            "import torch\nfrom bppo_kit import kernels as k\n"
+            "assert not k.triton_available() and k.pick_impl(torch.zeros(1)) == 'chunked'\n"
+            "e = k.reference_errors('auto'); assert e['impl'] == 'chunked' and e['loss'] < 1e-4, e\n"
+            "print('ok')")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-2000:]
+
+TRITON_CHECK = """
+import json, random, torch
+from bppo_kit.kernels import reference_errors
+rng = random.Random(0)
+cases = [dict(), dict(masked=0.0), dict(masked=1.0), dict(beta=0.1, seed=1), dict(N=70, H=40, V=333, seed=2),
+         dict(N=1, H=5, V=3, masked=0.0), dict(block_n=16, block_v=32, N=50, V=130, seed=3)]
+cases += [dict(N=rng.randint(1, 70), H=rng.randint(1, 70), V=rng.randint(2, 400), masked=rng.choice([0.0, 0.5, 0.9]),
+               beta=rng.choice([0.0, 0.1]), seed=rng.randint(0, 10**6)) for _ in range(8)]
+out = [dict(kw=kw, **reference_errors("auto", **kw)) for kw in cases]
+out.append(dict(kw="bf16", **reference_errors("auto", dtype=torch.bfloat16, N=40, V=150)))
+print(json.dumps(out))
+"""
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+def test_triton_interpreter_matches_float64():
+    res = run_interpreted(TRITON_CHECK, timeout=240)
+    for e in res[:-1]:
+        assert e["impl"] == "triton" and _ok(e), e
+    assert res[-1]["impl"] == "triton" and _ok(res[-1], 1e-2), res[-1]
+
+def test_benchmark_small(tmp_path):
+    out = tmp_path / "bench.json"
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "loss_kernel.py"), "--small", "--no-cuda",
+                        "--repeats", "1", "--json", str(out)], capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr[-2000:]
+    d = json.loads(out.read_text())
+    for k in ("naive_peak_bytes", "chunked_peak_bytes", "naive_time_s", "chunked_time_s", "memory_ratio", "time_ratio"):
+        assert k in d, k
+    assert 0 < d["chunked_peak_bytes"] < d["naive_peak_bytes"] and d["loss_abs_diff"] < 1e-4

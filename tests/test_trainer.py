@@ -1,0 +1,44 @@
+"The training loop as a user runs it: kill -9 then --resume gives each step once and the uninterrupted run's weights."
+import json, os, signal, subprocess, time
+import pytest, torch
+from conftest import bppo_cmd, ROOT
+from bppo_kit.policy import load_policy
+
+SMALL = ["--set", "train.prompts_per_step=4", "--set", "rollout.group_size=4", "--set", "data.eval_size=4",
+         "--set", "rollout.max_new_tokens=120", "--quiet"]
+
+def train_cmd(out, steps=6):
+    return bppo_cmd() + ["train", "--preset", "cpu-demo", "--algo", "grpo", "--steps", str(steps), "--seed", "3",
+                         "--out", str(out), "--save-every", "1"] + SMALL
+
+def steps_of(run):
+    return [json.loads(l)["step"] for l in (run / "metrics.jsonl").read_text().splitlines() if l.strip()]
+
+def test_kill_and_resume_is_exact(tmp_path):
+    full = subprocess.run(train_cmd(tmp_path / "full"), capture_output=True, text=True, timeout=900, cwd=ROOT)
+    assert full.returncode == 0, full.stderr[-3000:]
+    run = tmp_path / "killed"
+    p = subprocess.Popen(train_cmd(run), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT)
+    t0 = time.time()
+    while time.time() - t0 < 600:  # kill -9 once three steps are logged (mid-run, between checkpoints or not)
+        if (run / "metrics.jsonl").exists() and len(steps_of(run)) >= 3: break
+        if p.poll() is not None: break
+        time.sleep(0.05)
+    assert p.poll() is None, "the run ended before it could be killed"
+    os.kill(p.pid, signal.SIGKILL); p.wait()
+    r = subprocess.run(train_cmd(run) + ["--resume"], capture_output=True, text=True, timeout=900, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert steps_of(run) == list(range(6))
+    a, _ = load_policy(str(tmp_path / "full" / "checkpoint")); b, _ = load_policy(str(run / "checkpoint"))
+    for (n, x), y in zip(a.state_dict().items(), b.state_dict().values()):
+        assert torch.allclose(x, y, atol=1e-6, rtol=0), n
+    assert (run / "curves.png").stat().st_size > 1000
+
+def test_bad_value_exits_2(tmp_path):
+    r = subprocess.run(bppo_cmd() + ["train", "--set", "rollout.temperature=-1", "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 2 and "rollout.temperature" in r.stderr and r.stderr.strip().count("\n") == 0
+
+def test_plot_missing_run_exits_2(tmp_path):
+    r = subprocess.run(bppo_cmd() + ["plot", str(tmp_path / "nope")], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 2 and "no metrics.jsonl" in r.stderr
