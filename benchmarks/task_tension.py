@@ -20,13 +20,16 @@ def main():
     ap.add_argument("--out", default="runs/task_tension")
     ap.add_argument("--json", default="runs/task_tension.json")
     ap.add_argument("--set", dest="overrides", action="append", default=[])
+    ap.add_argument("--summarize", action="store_true", help="only summarize an existing run in --out")
     a = ap.parse_args()
     cfg = get_config("cpu-demo", overrides=[f"train.steps={a.steps}", f"algo.reduction={a.reduction}", f"train.seed={a.seed}",
                                             f"data.seed={a.seed}", f"train.out={a.out}"] + a.overrides)
-    train(cfg, evaluate_every=False)
+    if not a.summarize: train(cfg, evaluate_every=False)
     rows = read_jsonl_rows(Path(a.out) / "metrics.jsonl")
     k = max(1, min(10, len(rows) // 3))
-    avg = lambda rs, key: round(sum(r[key] for r in rs) / len(rs), 4)
+    def avg(rs, key):  # steps without a sample of a style have no accuracy for it
+        xs = [r[key] for r in rs if r.get(key) is not None]
+        return round(sum(xs) / len(xs), 4) if xs else None
     keys = ("accuracy", "verbose_frac", "response_tokens_mean", "accuracy_verbose", "accuracy_concise")
     summary = {key: {f"first{k}": avg(rows[:k], key), f"last{k}": avg(rows[-k:], key)} for key in keys}
     res = dict(config=dict(steps=a.steps, reduction=a.reduction, seed=a.seed, overrides=a.overrides), summary=summary,

@@ -10,6 +10,7 @@ import argparse, json, random, sys
 from pathlib import Path
 import numpy as np
 import torch
+from transformers.utils import logging as hf_logging
 from .config import Config, ConfigError, PRESETS, get_config
 from .data import DataError
 from .evaluate import eval_examples, evaluate
@@ -31,8 +32,8 @@ def _fmt(v):
 
 def cmd_eval(args, cfg: Config) -> int:
     seed_everything(cfg.train.seed)
+    ex = eval_examples(cfg)  # data errors before the model is loaded
     model, tok = load_policy(args.checkpoint or cfg.model.name_or_path, cfg.model.dtype)
-    ex = eval_examples(cfg)
     r = cfg.rollout
     sp = SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_new_tokens=r.max_new_tokens,
                         seed=cfg.train.seed)
@@ -119,6 +120,7 @@ COMMANDS = {"eval": cmd_eval, "sft": cmd_sft, "train": cmd_train, "plot": cmd_pl
 def main(argv: list[str] | None = None) -> int:
     "Entry point of the `bppo` command; returns the exit code"
     args = build_parser().parse_args(argv)
+    hf_logging.disable_progress_bar()  # "Loading weights" bars for every checkpoint are noise here; ours stay
     try:
         if getattr(args, "samples", 1) < 1: raise ConfigError(f"--samples must be >= 1, got {args.samples}")
         extra = shorthand_overrides(args) if args.cmd == "train" else []

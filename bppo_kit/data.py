@@ -6,7 +6,7 @@ Docs: https://bppo-kit.github.io/bppo_kit/data.html.md"""
 
 # %% ../nbs/02_data.ipynb #f429d6d4
 from __future__ import annotations
-import json, random
+import json, random, warnings
 from dataclasses import dataclass, field, asdict
 from pathlib import Path
 from typing import Iterator
@@ -185,8 +185,10 @@ def load_task(task: str, # a key of `TASKS`, or "synthetic"
     if path is None or Path(path).suffix == ".jsonl" or Path(path).exists():
         rows = read_jsonl(path or shared_data_dir() / local.format(split=split))
     else: rows = _load_hub(str(path), split, hub)
-    rows = rows[:limit] if limit else rows
-    return [row_to_example(r, task) for r in rows]
+    ex = [row_to_example(r, task) for r in rows]
+    kept = [e for e in ex if e.answer.strip()]  # a row without a gold answer cannot be graded (MATH train has two)
+    if len(kept) < len(ex): warnings.warn(f"{task}: dropped {len(ex) - len(kept)} rows with an empty answer")
+    return kept[:limit] if limit else kept
 
 def _load_hub(name: str, split: str, hub: tuple):
     "Rows from the Hugging Face hub (needs network and `datasets`)"

@@ -33,7 +33,7 @@ def test_traces_grade_as_intended():
 needs_shared = pytest.mark.skipif(not (shared_data_dir() / "gsm8k").exists(), reason="../shared/data not present")
 
 @needs_shared
-@pytest.mark.parametrize("task,split,n", [("gsm8k", "train", 7473), ("gsm8k", "test", 1319), ("math", "train", 7500),
+@pytest.mark.parametrize("task,split,n", [("gsm8k", "train", 7473), ("gsm8k", "test", 1319), ("math", "train", 7498),
     ("math500", "test", 500), ("aime24", "test", 30), ("amc23", "test", 40), ("geo3k", "train", 2101), ("geo3k", "test", 601)])
 def test_local_loaders(task, split, n):
     ex = load_task(task, split)
