@@ -16,8 +16,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e ".[dev]"
 	@touch $(STAMP)
 
-demo: install  ## the main job on the embedded default: evaluate the shipped tiny policy on the synthetic task
-	$(BIN)/bppo eval --preset cpu-demo --samples 8
+demo: install  ## the main job on the embedded default: a short GRPO run of the shipped tiny policy on CPU
+	$(BIN)/bppo train --preset cpu-demo --algo grpo --steps 40 --out runs/demo
 
 test: install check-export lessons pytest  ## export check, every lesson, every test
 

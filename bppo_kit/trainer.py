@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from tqdm.auto import tqdm
-from .config import Config, save_config, to_dict
+from .config import Config, ConfigError, save_config, to_dict
 from .data import Example, load_synthetic_eval, load_task, style_of, synthetic_example, synthetic_stream
 from .evaluate import eval_examples, evaluate, response_tokens
 from .grpo import clipped_surrogate, entropy_from_logits, group_advantages, k3_kl, token_weights
@@ -212,6 +212,10 @@ def train(cfg: Config, # the validated config
           stop_after: int | None = None) -> dict: # stop (with a checkpoint) after this many steps of this call
     "Run RL training; returns a summary with the first and last evaluation"
     t = cfg.train
+    if cfg.algo.name not in ALGORITHMS:
+        raise ConfigError(f"algo.name: {cfg.algo.name!r} is not implemented yet; available: {', '.join(ALGORITHMS)}")
+    if cfg.rollout.engine != "hf":
+        raise ConfigError(f"rollout.engine: {cfg.rollout.engine!r} is not implemented yet; use rollout.engine=hf")
     run = Path(t.out); run.mkdir(parents=True, exist_ok=True)
     save_config(cfg, run / "config.yaml")
     torch.manual_seed(t.seed); random.seed(t.seed); np.random.seed(t.seed)
