@@ -45,7 +45,8 @@ def settings_of(cfg) -> dict:
                 max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, lr=t.lr,
                 lr_schedule="constant", adam_betas=[0.9, 0.99], weight_decay=0.0, grad_clip=t.grad_clip,
                 eps_low=a.eps_low, eps_high=a.eps_high, beta=a.beta, mu=t.mu, micro_batch=t.micro_batch,
-                kit_reduction=a.reduction, trl_loss_type=LOSS_TYPE[a.reduction], seed=t.seed, device="cpu")
+                kit_reduction=a.reduction, trl_loss_type=LOSS_TYPE[a.reduction], seed=t.seed, device="cpu",
+                kit_loss_kernel=getattr(t, "loss_kernel", "naive"))
 
 
 def median_after_warmup(xs: list[float]) -> float | None:
@@ -62,25 +63,27 @@ def run_kit(steps: int, work: Path) -> dict:
     "Train with the kit; per-step times and metrics from its metrics.jsonl"
     from bppo_kit.trainer import read_jsonl_rows, train
     cfg = kit_config(steps, str(work / "kit"))
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     train(cfg, evaluate_every=False, progress=False)
-    total = time.perf_counter() - t0
+    total, cpu = time.perf_counter() - t0, time.process_time() - c0
     rows = read_jsonl_rows(work / "kit" / "metrics.jsonl")
     n = cfg.train.prompts_per_step * cfg.rollout.group_size
     return dict(
-        settings=settings_of(cfg), total_s=round(total, 2),
+        settings=settings_of(cfg), total_s=round(total, 2), cpu_s=round(cpu, 2),
         step_s=[r["wall_s"] for r in rows], rollout_s=[r["rollout_s"] for r in rows],
         update_s=[r["update_s"] for r in rows], reward_mean=[round(r["reward_mean"], 4) for r in rows],
         # completion tokens with the EOS (as TRL counts them) and the share of completions that ended at EOS
         completion_tokens_mean=[round(r["generated_tokens"] / n, 2) for r in rows],
         eos_frac=[round((r["generated_tokens"] - n * r["response_tokens_mean"]) / n, 4) for r in rows],
-        trained_sequences=[r["selected_sequences"] for r in rows],
+        # the kit's update skips sequences whose advantage is 0 (every member of a group with one reward); TRL trains all
+        trained_sequences=[round(n * (1 - r["frac_zero_std_groups"])) for r in rows],
+        trained_token_frac=[round(r["trained_tokens"] / max(r["generated_tokens"], 1), 4) for r in rows],
         frac_zero_std_groups=[r["frac_zero_std_groups"] for r in rows])
 
 
 def run_trl(steps: int, work: Path) -> dict:
     "Train with TRL's GRPOTrainer on the same workload; per-step times from a callback"
-    import torch
+    import warnings
     from datasets import Dataset
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -88,6 +91,7 @@ def run_trl(steps: int, work: Path) -> dict:
     from bppo_kit.trainer import PromptSource
     from bppo_kit.verifier import reward_fn
 
+    warnings.filterwarnings("ignore", message=r".*checkpointing.* is deprecated", category=FutureWarning)
     cfg = kit_config(steps, str(work / "kit-unused"))
     s = settings_of(cfg)
     if s["mu"] != 1 or s["beta"] != 0: raise SystemExit("this comparison assumes train.mu=1 and algo.beta=0")
@@ -101,7 +105,7 @@ def run_trl(steps: int, work: Path) -> dict:
 
     model, tok = load_policy(cfg.model.name_or_path, cfg.model.dtype, "cpu")
     reward = functools.partial(reward_fn, task=cfg.data.task)
-    reward.__name__ = "kit_reward"  # TRL names each reward function's metrics by __name__
+    reward.__name__ = "reward_fn"  # older TRL read `__name__` of every reward function; TRL 1.x unwraps partials itself
 
     args = GRPOConfig(
         output_dir=str(work / "trl"), report_to="none", save_strategy="no", logging_strategy="steps", logging_steps=1,
@@ -137,13 +141,17 @@ def run_trl(steps: int, work: Path) -> dict:
         t = time.perf_counter(); out = orig_generate(prompts); gen_s.append(round(time.perf_counter() - t, 4))
         return out
     trainer._generate = timed_generate
-    t0 = time.perf_counter()
+    # TRL's config turns activation checkpointing on by default; the kit's cpu-demo runs without it
+    ckpt = bool(getattr(trainer.model, "is_activation_checkpointing", False))
+    t0, c0 = time.perf_counter(), time.process_time()
     trainer.train()
-    total = time.perf_counter() - t0
+    total, cpu = time.perf_counter() - t0, time.process_time() - c0
+    if len(gen_s) != steps: print(f"[vs_trl] warning: TRL generated {len(gen_s)} times in {steps} steps", flush=True)
     L = timer.logs
     get = lambda k: [round(l[k], 4) if l.get(k) is not None else None for l in L]
     return dict(
-        settings=s, total_s=round(total, 2), step_s=timer.step_s, step_s_end_to_end=timer.end_to_end_s,
+        settings=s, total_s=round(total, 2), cpu_s=round(cpu, 2), activation_checkpointing=ckpt, step_s=timer.step_s,
+        step_s_end_to_end=timer.end_to_end_s,
         rollout_s=gen_s, reward_mean=get("reward"), completion_tokens_mean=get("completions/mean_length"),
         eos_frac=[None if c is None else round(1 - c, 4) for c in get("completions/clipped_ratio")],
         frac_zero_std_groups=get("frac_reward_zero_std"), trl_logged_step_time=get("step_time"),
@@ -164,11 +172,13 @@ def side_main(a):
     import torch
     torch.set_num_threads(a.threads)
     work = Path(tempfile.mkdtemp(prefix=f"vs_trl_{a.side}_"))
+    load = os.getloadavg()
     try:
         res = (run_kit if a.side == "kit" else run_trl)(a.steps, work)
     finally:
         import shutil; shutil.rmtree(work, ignore_errors=True)  # save nothing
     res["torch_threads"] = torch.get_num_threads()
+    res["loadavg"] = dict(start=[round(x, 2) for x in load], end=[round(x, 2) for x in os.getloadavg()])
     Path(a.part).write_text(json.dumps(res))
 
 
@@ -200,6 +210,8 @@ def main():
     res = dict(
         kit_median_step_s=km, trl_median_step_s=tm, ratio_trl_over_kit=round(tm / km, 3) if km and tm else None,
         kit_step_s=kit["step_s"], trl_step_s=trl["step_s"], trl_step_s_end_to_end=trl["step_s_end_to_end"],
+        kit_rollout_s=kit["rollout_s"], trl_rollout_s=trl["rollout_s"], kit_update_s=kit["update_s"],
+        trl_generation_rounds=len(trl["rollout_s"]),
         kit_median_rollout_s=median_after_warmup(kit["rollout_s"]), trl_median_rollout_s=median_after_warmup(trl["rollout_s"]),
         kit_median_update_s=median_after_warmup(kit["update_s"]),
         trl_median_step_s_end_to_end=median_after_warmup(trl["step_s_end_to_end"]),
@@ -207,8 +219,12 @@ def main():
         kit_completion_tokens_mean=kit["completion_tokens_mean"], trl_completion_tokens_mean=trl["completion_tokens_mean"],
         kit_eos_frac=kit["eos_frac"], trl_eos_frac=trl["eos_frac"],
         kit_frac_zero_std_groups=kit["frac_zero_std_groups"], trl_frac_zero_std_groups=trl["frac_zero_std_groups"],
-        kit_trained_sequences=kit["trained_sequences"],
+        kit_trained_sequences=kit["trained_sequences"], kit_trained_token_frac=kit["trained_token_frac"],
         kit_total_s=kit["total_s"], trl_total_s=trl["total_s"], trl_logged_step_time=trl["trl_logged_step_time"],
+        # process CPU seconds per wall second of training: near --threads when a side had the cores to itself
+        kit_cpu_per_wall=round(kit["cpu_s"] / kit["total_s"], 2), trl_cpu_per_wall=round(trl["cpu_s"] / trl["total_s"], 2),
+        trl_activation_checkpointing=trl["activation_checkpointing"],
+        loadavg=dict(kit=kit["loadavg"], trl=trl["loadavg"]),
         steps=a.steps, threads=a.threads, torch_threads=dict(kit=kit["torch_threads"], trl=trl["torch_threads"]),
         timing=("median over steps 2..N; kit: metrics.jsonl wall_s; TRL: TrainerCallback on_step_begin -> on_step_end; "
                 "each side in its own subprocess, kit first"),
@@ -224,7 +240,10 @@ def main():
             ("completion tokens (with EOS)", fmt(mean(kit["completion_tokens_mean"]), ".1f"),
              fmt(mean(trl["completion_tokens_mean"]), ".1f")),
             ("share ended at EOS", fmt(mean(kit["eos_frac"])), fmt(mean(trl["eos_frac"]))),
-            ("total wall (s)", fmt(kit["total_s"], ".1f"), fmt(trl["total_s"], ".1f"))]
+            ("total wall (s)", fmt(kit["total_s"], ".1f"), fmt(trl["total_s"], ".1f")),
+            ("CPU s per wall s", fmt(res["kit_cpu_per_wall"], ".2f"), fmt(res["trl_cpu_per_wall"], ".2f")),
+            ("load avg (1 min) start -> end", f"{kit['loadavg']['start'][0]} -> {kit['loadavg']['end'][0]}",
+             f"{trl['loadavg']['start'][0]} -> {trl['loadavg']['end'][0]}")]
     w = max(len(r[0]) for r in rows)
     print(f"\n{a.steps} steps of {res['settings']['prompts_per_step']} prompts x {res['settings']['group_size']} "
           f"completions, {a.threads} threads, load avg at start {res['machine']['loadavg_at_start'][0]}")

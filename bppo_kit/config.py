@@ -65,6 +65,7 @@ class TrainConfig:
     grad_clip: float = param(1.0, gt=0)  # global grad-norm clip
     mu: int = param(1, ge=1)  # PPO epochs over each batch (1 = on-policy)
     micro_batch: int = param(64, ge=1)  # sequences per forward/backward
+    loss_kernel: str = param("naive", choices=["naive", "chunked", "triton", "auto"])  # naive: full logits (fine for small vocabularies); chunked/triton: the fused prefix loss of the kernels lesson
     seed: int = 0  # seeds torch, numpy and python
     device: str = param("auto", choices=["auto", "cpu", "cuda"])  # auto = cuda if available
     out: str = "runs/default"  # run folder: config, metrics.jsonl, checkpoints

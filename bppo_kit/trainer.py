@@ -22,9 +22,9 @@ from .sft import lr_at
 from .verifier import score
 
 # %% auto #0
-__all__ = ['ALGORITHMS', 'PromptSource', 'Rollout', 'score_rollout', 'TrainItem', 'GRPO', 'forward_logprobs', 'update',
-           'save_checkpoint', 'load_trainer_state', 'truncate_metrics', 'rollout_metrics', 'train', 'read_jsonl_rows',
-           'plot_run']
+__all__ = ['ALGORITHMS', 'PromptSource', 'Rollout', 'score_rollout', 'TrainItem', 'GRPO', 'forward_logprobs', 'kernel_loss',
+           'update', 'save_checkpoint', 'load_trainer_state', 'truncate_metrics', 'rollout_metrics', 'train',
+           'read_jsonl_rows', 'plot_run']
 
 # %% ../nbs/11_trainer.ipynb #522b7114
 class PromptSource:
@@ -99,6 +99,24 @@ def forward_logprobs(model, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
     return lp, ent
 
 # %% ../nbs/11_trainer.ipynb #3061a6f8
+def kernel_loss(model, b: dict, m: torch.Tensor, adv: torch.Tensor, w: torch.Tensor, old: torch.Tensor | None,
+                cfg: Config) -> tuple[torch.Tensor, torch.Tensor]:
+    "Σ w·(clipped surrogate) of a micro-batch via `prefix_policy_loss`, and the clipped flags [B, C]"
+    from bppo_kit.kernels import prefix_policy_loss
+    P = b["prompt_len"]
+    h = model.get_decoder()(input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"],
+                            use_cache=False).last_hidden_state[:, P - 1:-1]
+    H, W = h.shape[-1], model.get_output_embeddings().weight
+    hf, tgt, mf = h.reshape(-1, H), b["input_ids"][:, P:].reshape(-1), m.reshape(-1)
+    kw = dict(impl=cfg.train.loss_kernel, return_stats=True)
+    if old is None:
+        with torch.no_grad(): old = prefix_policy_loss(hf.detach(), W.detach(), tgt, torch.zeros_like(mf, dtype=torch.float32),
+                                                       torch.zeros_like(mf, dtype=torch.float32), mf, **kw)[1]["logp"].view_as(m)
+    A = (adv[:, None] * w * m.sum()).reshape(-1)  # the reduction's weights, folded into the advantages
+    loss, st = prefix_policy_loss(hf, W, tgt, old.reshape(-1).float(), A, mf, cfg.algo.eps_low, cfg.algo.eps_high, **kw)
+    return loss, st["clipped"].view_as(m)
+
+# %% ../nbs/11_trainer.ipynb #2bd48b2e
 def update(model, opt, items: list[TrainItem], cfg: Config, pad_id: int, ref_model=None) -> dict:
     "PPO epochs over `items`; returns metrics (trained_tokens, clip_frac, kl, entropy, grad_norm, skipped)"
     t, a = cfg.train, cfg.algo
@@ -115,6 +133,8 @@ def update(model, opt, items: list[TrainItem], cfg: Config, pad_id: int, ref_mod
         m = torch.zeros(len(mb), C, dtype=torch.bool, device=dev)
         for j, it in enumerate(mb): m[j, :it.n_train] = True
         return b, m, torch.tensor([it.advantage for it in mb], device=dev)
+    if t.loss_kernel != "naive" and a.beta > 0:
+        raise ConfigError("train.loss_kernel: the fused kernels take no KL term here; use train.loss_kernel=naive with algo.beta > 0")
     old = None
     if t.mu > 1:
         with torch.no_grad(): old = [forward_logprobs(model, batch_of(mb)[0])[0] for mb in mbs]
@@ -127,28 +147,33 @@ def update(model, opt, items: list[TrainItem], cfg: Config, pad_id: int, ref_mod
         tot = dict(loss=0.0, clip=0.0, kl=0.0, ent=0.0, tok=0)
         for k, mb in enumerate(mbs):
             b, m, adv = batch_of(mb)
-            lp, ent = forward_logprobs(model, b)
-            o = old[k] if old is not None else lp.detach()
-            tl, clipped = clipped_surrogate(lp, o, adv[:, None], a.eps_low, a.eps_high)
-            kl = k3_kl(lp, ref[k]) if ref is not None else torch.zeros_like(lp)
             w = token_weights(m, a.reduction, n_seqs, n_tokens, cfg.rollout.max_new_tokens)
-            loss = ((tl + a.beta * kl) * w).sum()
+            if t.loss_kernel == "naive":
+                lp, ent = forward_logprobs(model, b)
+                o = old[k] if old is not None else lp.detach()
+                tl, clipped = clipped_surrogate(lp, o, adv[:, None], a.eps_low, a.eps_high)
+                kl = k3_kl(lp, ref[k]) if ref is not None else torch.zeros_like(lp)
+                loss = ((tl + a.beta * kl) * w).sum()
+                kl, ent = kl.detach(), (ent * m).sum().item()
+            else:
+                loss, clipped = kernel_loss(model, b, m, adv, w, old[k] if old is not None else None, cfg)
+                kl, ent = torch.zeros_like(w), float("nan")
             loss.backward()
             mf = m.float()
             tot["loss"] += loss.item(); tot["tok"] += int(mf.sum())
-            tot["clip"] += (clipped.float() * mf).sum().item(); tot["kl"] += (kl.detach() * mf).sum().item()
-            tot["ent"] += (ent * mf).sum().item()
+            tot["clip"] += (clipped.float() * mf).sum().item(); tot["kl"] += (kl * mf).sum().item(); tot["ent"] += ent
         gn = torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
         if not (math.isfinite(tot["loss"]) and torch.isfinite(gn)):
             opt.zero_grad(set_to_none=True); mets["skipped"] += 1
         else: opt.step()
         mets["trained_tokens"] += tot["tok"]
+        ent = tot["ent"] / max(tot["tok"], 1)
         mets.update(loss=tot["loss"], grad_norm=gn.item(), clip_frac=tot["clip"] / max(tot["tok"], 1),
-                    kl=tot["kl"] / max(tot["tok"], 1), entropy=tot["ent"] / max(tot["tok"], 1))
+                    kl=tot["kl"] / max(tot["tok"], 1), entropy=ent if math.isfinite(ent) else None)
     model.eval()
     return mets
 
-# %% ../nbs/11_trainer.ipynb #d3e0582d
+# %% ../nbs/11_trainer.ipynb #2e5e6d1f
 def _rng_state() -> dict:
     st = np.random.get_state()
     return dict(python=random.getstate(), numpy=[st[0], st[1].tolist(), st[2], st[3], st[4]], torch=torch.get_rng_state())
@@ -175,7 +200,7 @@ def load_trainer_state(ckpt: Path) -> dict:
     "The optimizer state, step and RNG states of a checkpoint (tensors and plain types only)"
     return torch.load(Path(ckpt) / "trainer_state.pt", weights_only=True)
 
-# %% ../nbs/11_trainer.ipynb #39c6987c
+# %% ../nbs/11_trainer.ipynb #12c4988e
 def truncate_metrics(path: Path, keep_below: int):
     "Keep only metric lines with step < `keep_below`"
     if not path.exists(): return
@@ -195,7 +220,7 @@ def rollout_metrics(r: Rollout) -> dict:
         out.update(verbose_frac=mean(v), accuracy_verbose=mean(ok[v]), accuracy_concise=mean(ok[~v]))
     return out
 
-# %% ../nbs/11_trainer.ipynb #4ae16b45
+# %% ../nbs/11_trainer.ipynb #340f0823
 def _device(cfg: Config) -> str:
     return ("cuda" if torch.cuda.is_available() else "cpu") if cfg.train.device == "auto" else cfg.train.device
 
@@ -285,7 +310,7 @@ def train(cfg: Config, # the validated config
     return dict(run_dir=str(run), steps=end, seconds=round(time.time() - t_run, 1),
                 first_eval=evals[0] if evals else None, last_eval=evals[-1] if evals else None)
 
-# %% ../nbs/11_trainer.ipynb #ca01efd1
+# %% ../nbs/11_trainer.ipynb #4a34c702
 def read_jsonl_rows(path: Path) -> list[dict]:
     return [json.loads(l) for l in Path(path).read_text().splitlines() if l.strip()] if Path(path).exists() else []
 
