@@ -72,7 +72,7 @@ class HFEngine:
         flat = [(i, x) for i, x in enumerate(ids) for _ in range(n)]
         out, t0 = [], time.time()
         dev = next(self.model.parameters()).device
-        for s in tqdm(range(0, len(flat), self.max_batch), desc="generate", unit="batch", disable=not self.progress):
+        for s in tqdm(range(0, len(flat), self.max_batch), desc=f"generate {len(flat)} completions", unit="batch", leave=False, disable=not self.progress):
             chunk = flat[s:s + self.max_batch]
             enc = self.tok.pad({"input_ids": [x for _, x in chunk]}, return_tensors="pt").to(dev)
             kw = dict(do_sample=sp.temperature > 0, max_new_tokens=sp.max_new_tokens, pad_token_id=self.tok.pad_token_id,

@@ -224,9 +224,9 @@ def rollout_metrics(r: Rollout) -> dict:
 def _device(cfg: Config) -> str:
     return ("cuda" if torch.cuda.is_available() else "cpu") if cfg.train.device == "auto" else cfg.train.device
 
-def _eval(model, tok, cfg, examples, step) -> dict:
+def _eval(model, tok, cfg, examples, step, progress=False) -> dict:
     r = cfg.rollout
-    res = evaluate(model, tok, examples, samples=cfg.rollout.group_size,
+    res = evaluate(model, tok, examples, samples=cfg.rollout.group_size, progress=progress,
                    sampling=SamplingParams(r.temperature, r.top_p, r.top_k, r.max_new_tokens, seed=cfg.train.seed + 7))
     return dict(step=step, **res)
 
@@ -265,7 +265,7 @@ def train(cfg: Config, # the validated config
     eval_set = eval_examples(cfg)
     evals = []
     if evaluate_every and start == 0:
-        evals.append(_eval(model, tok, cfg, eval_set, 0))
+        evals.append(_eval(model, tok, cfg, eval_set, 0, progress))
         with open(eval_path, "a") as f: f.write(json.dumps(evals[-1]) + "\n")
     end = t.steps if stop_after is None else min(t.steps, start + stop_after)
     bar = tqdm(range(start, end), desc=f"{cfg.algo.name}", disable=not progress, initial=start, total=t.steps)
@@ -296,7 +296,7 @@ def train(cfg: Config, # the validated config
             # evaluate and checkpoint
             done = step + 1
             if evaluate_every and t.eval_every and done % t.eval_every == 0 and done < t.steps:
-                evals.append(_eval(model, tok, cfg, eval_set, done))
+                evals.append(_eval(model, tok, cfg, eval_set, done, progress))
                 with open(eval_path, "a") as f: f.write(json.dumps(evals[-1]) + "\n")
             if t.save_every and done % t.save_every == 0: save_checkpoint(run, model, tok, opt, done)
         step = end
@@ -305,7 +305,7 @@ def train(cfg: Config, # the validated config
         raise
     save_checkpoint(run, model, tok, opt, end)
     if evaluate_every and end == t.steps:
-        evals.append(_eval(model, tok, cfg, eval_set, end))
+        evals.append(_eval(model, tok, cfg, eval_set, end, progress))
         with open(eval_path, "a") as f: f.write(json.dumps(evals[-1]) + "\n")
     return dict(run_dir=str(run), steps=end, seconds=round(time.time() - t_run, 1),
                 first_eval=evals[0] if evals else None, last_eval=evals[-1] if evals else None)
