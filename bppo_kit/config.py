@@ -55,6 +55,11 @@ class AlgoConfig:
     eps_high: float = param(0.28, gt=0)  # upper clip, 1 + eps_high (DAPO's clip-higher)
     beta: float = param(0.0, ge=0)  # k3 KL to a frozen reference; 0 loads no reference model
     reduction: str = param("token", choices=["token", "seq", "constant"])  # token mean (DAPO), seq mean (GRPO), constant (Dr. GRPO)
+    prefix_mode: str = param("pair_min", choices=["ratio", "pair_min", "tokens", "full"])  # BPPO: which prefix of each representative is trained
+    prefix_ratio: float = param(0.5, gt=0, le=1)  # BPPO "ratio" mode: share of each response trained at step 0
+    prefix_ratio_end: float = param(0.5, gt=0, le=1)  # ... growing linearly to this at the last step
+    prefix_tokens: int = param(64, ge=1)  # BPPO "tokens" mode: trained tokens per representative
+    class_weight: str = param("class", choices=["class", "one"])  # BPPO: a representative stands for its class (x class size) or for itself
 
 @dataclass
 class TrainConfig:

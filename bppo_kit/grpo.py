@@ -6,11 +6,17 @@ Docs: https://bppo-kit.github.io/bppo_kit/grpo.html.md"""
 
 # %% ../nbs/05_grpo.ipynb #b17afe28
 from __future__ import annotations
+from dataclasses import dataclass, field
 import torch
+from .config import Config
+from .data import Example
+from .evaluate import response_tokens
+from .rollout import Completion
+from .verifier import score
 
 # %% auto #0
 __all__ = ['group_advantages', 'masked_mean', 'reduce_loss', 'token_weights', 'clipped_surrogate', 'k3_kl', 'entropy_from_logits',
-           'grpo_loss']
+           'grpo_loss', 'Rollout', 'score_rollout', 'TrainItem', 'GRPO']
 
 # %% ../nbs/05_grpo.ipynb #13614cb4
 def group_advantages(rewards: torch.Tensor, # [B, G] one reward per completion, groups in rows
@@ -88,3 +94,43 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, # [N, T] current and s
     with torch.no_grad():
         m = dict(clip_frac=masked_mean(clipped.float(), mask).item(), kl=masked_mean(kl, mask).item())
     return loss, m
+
+# %% ../nbs/05_grpo.ipynb #12940c73
+@dataclass
+class Rollout:
+    examples: list[Example]
+    completions: list[Completion]  # B*G, grouped by example
+    rewards: torch.Tensor  # [B, G]
+    correct: torch.Tensor  # [B, G] bool
+    lengths: torch.Tensor  # [B, G] response tokens (EOS not counted)
+
+def score_rollout(examples: list[Example], completions: list[Completion], group_size: int, eos_id) -> Rollout:
+    "Grade every completion of a step"
+    sc = [score(c.text, examples[c.prompt_index].answer, examples[c.prompt_index].task) for c in completions]
+    shape = (len(examples), group_size)
+    return Rollout(examples, completions, torch.tensor([s.reward for s in sc]).view(shape),
+                   torch.tensor([s.correct for s in sc]).view(shape),
+                   torch.tensor([response_tokens(c, eos_id) for c in completions]).view(shape))
+
+# %% ../nbs/05_grpo.ipynb #3b9835f1
+@dataclass
+class TrainItem:
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    advantage: float
+    n_train: int  # the first n_train completion tokens carry loss
+    sample_logprobs: list[float] = field(default_factory=list)
+
+# %% ../nbs/05_grpo.ipynb #8f966745
+class GRPO:
+    "The baseline: train every completion of every group"
+    name = "grpo"
+    def __init__(self, cfg: Config): self.cfg = cfg
+
+    def prepare(self, r: Rollout, step: int = 0) -> tuple[list[TrainItem], dict]:
+        "Train items and metrics for a scored rollout"
+        adv = group_advantages(r.rewards, "group")
+        items = [TrainItem(c.prompt_ids, c.completion_ids, adv.flatten()[i].item(), c.n_tokens, c.logprobs)
+                 for i, c in enumerate(r.completions)]
+        zero = (r.rewards.std(1, unbiased=False) == 0)
+        return items, dict(frac_zero_std_groups=zero.float().mean().item(), selected_sequences=len(items))

@@ -10,9 +10,8 @@ import json, string
 from pathlib import Path
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from tokenizers import Tokenizer, Regex, decoders, models, pre_tokenizers
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast, Qwen2Config
 from .config import data_dir
 from .data import DataError
 

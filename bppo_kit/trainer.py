@@ -6,25 +6,23 @@ Docs: https://bppo-kit.github.io/bppo_kit/trainer.html.md"""
 
 # %% ../nbs/11_trainer.ipynb #e962ff92
 from __future__ import annotations
-import json, math, os, random, shutil, signal, time
-from dataclasses import dataclass, field
+import json, math, random, shutil, time
 from pathlib import Path
 import numpy as np
 import torch
 from tqdm.auto import tqdm
-from .config import Config, ConfigError, save_config, to_dict
+from .config import Config, ConfigError, save_config
 from .data import Example, load_synthetic_eval, load_task, style_of, synthetic_example, synthetic_stream
-from .evaluate import eval_examples, evaluate, response_tokens
-from .grpo import clipped_surrogate, entropy_from_logits, group_advantages, k3_kl, token_weights
+from .evaluate import eval_examples, evaluate
+from .bppo import BPPO
+from .grpo import GRPO, Rollout, TrainItem, clipped_surrogate, entropy_from_logits, k3_kl, score_rollout, token_weights
 from .policy import load_policy, pack, token_logprobs
-from .rollout import Completion, HFEngine, SamplingParams
+from .rollout import HFEngine, SamplingParams
 from .sft import lr_at
-from .verifier import score
 
 # %% auto #0
-__all__ = ['ALGORITHMS', 'PromptSource', 'Rollout', 'score_rollout', 'TrainItem', 'GRPO', 'forward_logprobs', 'kernel_loss',
-           'update', 'save_checkpoint', 'load_trainer_state', 'truncate_metrics', 'rollout_metrics', 'train',
-           'read_jsonl_rows', 'plot_run']
+__all__ = ['ALGORITHMS', 'PromptSource', 'forward_logprobs', 'kernel_loss', 'update', 'save_checkpoint', 'load_trainer_state',
+           'truncate_metrics', 'rollout_metrics', 'train', 'read_jsonl_rows', 'plot_run']
 
 # %% ../nbs/11_trainer.ipynb #522b7114
 class PromptSource:
@@ -46,49 +44,9 @@ class PromptSource:
         return [self.examples[i] for i in order[k * self.n:(k + 1) * self.n]]
 
 # %% ../nbs/11_trainer.ipynb #1d3aa80c
-@dataclass
-class Rollout:
-    examples: list[Example]
-    completions: list[Completion]  # B*G, grouped by example
-    rewards: torch.Tensor  # [B, G]
-    correct: torch.Tensor  # [B, G] bool
-    lengths: torch.Tensor  # [B, G] response tokens (EOS not counted)
-
-def score_rollout(examples: list[Example], completions: list[Completion], group_size: int, eos_id) -> Rollout:
-    "Grade every completion of a step"
-    sc = [score(c.text, examples[c.prompt_index].answer, examples[c.prompt_index].task) for c in completions]
-    shape = (len(examples), group_size)
-    return Rollout(examples, completions, torch.tensor([s.reward for s in sc]).view(shape),
-                   torch.tensor([s.correct for s in sc]).view(shape),
-                   torch.tensor([response_tokens(c, eos_id) for c in completions]).view(shape))
+ALGORITHMS = {"grpo": GRPO, "bppo": BPPO}
 
 # %% ../nbs/11_trainer.ipynb #ec15c6ed
-@dataclass
-class TrainItem:
-    prompt_ids: list[int]
-    completion_ids: list[int]
-    advantage: float
-    n_train: int  # the first n_train completion tokens carry loss
-    sample_logprobs: list[float] = field(default_factory=list)
-
-# %% ../nbs/11_trainer.ipynb #35381cbc
-class GRPO:
-    "The baseline: train every completion of every group"
-    name = "grpo"
-    def __init__(self, cfg: Config): self.cfg = cfg
-
-    def prepare(self, r: Rollout) -> tuple[list[TrainItem], dict]:
-        "Train items and metrics for a scored rollout"
-        adv = group_advantages(r.rewards, "group")
-        G = r.rewards.shape[1]
-        items = [TrainItem(c.prompt_ids, c.completion_ids, adv.flatten()[i].item(), c.n_tokens, c.logprobs)
-                 for i, c in enumerate(r.completions)]
-        zero = (r.rewards.std(1, unbiased=False) == 0)
-        return items, dict(frac_zero_std_groups=zero.float().mean().item(), selected_sequences=len(items))
-
-ALGORITHMS = {"grpo": GRPO}
-
-# %% ../nbs/11_trainer.ipynb #edc132b8
 def forward_logprobs(model, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
     "Log-probs [B, C] of a packed batch's completion tokens, and their entropies [B, C] (detached)"
     P = batch["prompt_len"]
@@ -98,7 +56,7 @@ def forward_logprobs(model, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
     with torch.no_grad(): ent = entropy_from_logits(logits)
     return lp, ent
 
-# %% ../nbs/11_trainer.ipynb #3061a6f8
+# %% ../nbs/11_trainer.ipynb #35381cbc
 def kernel_loss(model, b: dict, m: torch.Tensor, adv: torch.Tensor, w: torch.Tensor, old: torch.Tensor | None,
                 cfg: Config) -> tuple[torch.Tensor, torch.Tensor]:
     "Σ w·(clipped surrogate) of a micro-batch via `prefix_policy_loss`, and the clipped flags [B, C]"
@@ -116,7 +74,7 @@ def kernel_loss(model, b: dict, m: torch.Tensor, adv: torch.Tensor, w: torch.Ten
     loss, st = prefix_policy_loss(hf, W, tgt, old.reshape(-1).float(), A, mf, cfg.algo.eps_low, cfg.algo.eps_high, **kw)
     return loss, st["clipped"].view_as(m)
 
-# %% ../nbs/11_trainer.ipynb #2bd48b2e
+# %% ../nbs/11_trainer.ipynb #8c591b2c
 def update(model, opt, items: list[TrainItem], cfg: Config, pad_id: int, ref_model=None) -> dict:
     "PPO epochs over `items`; returns metrics (trained_tokens, clip_frac, kl, entropy, grad_norm, skipped)"
     t, a = cfg.train, cfg.algo
@@ -173,7 +131,7 @@ def update(model, opt, items: list[TrainItem], cfg: Config, pad_id: int, ref_mod
     model.eval()
     return mets
 
-# %% ../nbs/11_trainer.ipynb #2e5e6d1f
+# %% ../nbs/11_trainer.ipynb #4a8b7cf5
 def _rng_state() -> dict:
     st = np.random.get_state()
     return dict(python=random.getstate(), numpy=[st[0], st[1].tolist(), st[2], st[3], st[4]], torch=torch.get_rng_state())
@@ -200,7 +158,7 @@ def load_trainer_state(ckpt: Path) -> dict:
     "The optimizer state, step and RNG states of a checkpoint (tensors and plain types only)"
     return torch.load(Path(ckpt) / "trainer_state.pt", weights_only=True)
 
-# %% ../nbs/11_trainer.ipynb #12c4988e
+# %% ../nbs/11_trainer.ipynb #4ab2d1ff
 def truncate_metrics(path: Path, keep_below: int):
     "Keep only metric lines with step < `keep_below`"
     if not path.exists(): return
@@ -220,7 +178,7 @@ def rollout_metrics(r: Rollout) -> dict:
         out.update(verbose_frac=mean(v), accuracy_verbose=mean(ok[v]), accuracy_concise=mean(ok[~v]))
     return out
 
-# %% ../nbs/11_trainer.ipynb #340f0823
+# %% ../nbs/11_trainer.ipynb #2e5e6d1f
 def _device(cfg: Config) -> str:
     return ("cuda" if torch.cuda.is_available() else "cpu") if cfg.train.device == "auto" else cfg.train.device
 
@@ -284,7 +242,7 @@ def train(cfg: Config, # the validated config
             ro = score_rollout(ex, cs, r.group_size, tok.eos_token_id)
             t2 = time.time()
             # advantages: the algorithm picks sequences and tokens
-            items, am = algo.prepare(ro)
+            items, am = algo.prepare(ro, step)
             # update
             um = update(model, opt, items, cfg, tok.pad_token_id, ref)
             t3 = time.time()
@@ -310,7 +268,7 @@ def train(cfg: Config, # the validated config
     return dict(run_dir=str(run), steps=end, seconds=round(time.time() - t_run, 1),
                 first_eval=evals[0] if evals else None, last_eval=evals[-1] if evals else None)
 
-# %% ../nbs/11_trainer.ipynb #4a34c702
+# %% ../nbs/11_trainer.ipynb #12c4988e
 def read_jsonl_rows(path: Path) -> list[dict]:
     return [json.loads(l) for l in Path(path).read_text().splitlines() if l.strip()] if Path(path).exists() else []
 

@@ -42,3 +42,19 @@ def test_bad_value_exits_2(tmp_path):
 def test_plot_missing_run_exits_2(tmp_path):
     r = subprocess.run(bppo_cmd() + ["plot", str(tmp_path / "nope")], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert r.returncode == 2 and "no metrics.jsonl" in r.stderr
+
+def test_bppo_trains_two_prefixes_per_group(tmp_path):
+    "GRPO and BPPO on the same prompts and samples: BPPO trains at most 2 sequences per group and fewer tokens"
+    from bppo_kit.config import get_config
+    from bppo_kit.trainer import read_jsonl_rows, train
+    rows = {}
+    for algo in ("grpo", "bppo"):
+        cfg = get_config("cpu-demo", overrides=["train.prompts_per_step=4", "rollout.group_size=4", "train.steps=2",
+                                                f"algo.name={algo}", f"train.out={tmp_path / algo}"])
+        train(cfg, progress=False, evaluate_every=False)
+        rows[algo] = read_jsonl_rows(tmp_path / algo / "metrics.jsonl")
+    g, b = rows["grpo"][0], rows["bppo"][0]
+    assert g["generated_tokens"] == b["generated_tokens"]  # step 0: same policy, prompts and sampling seed
+    assert b["selected_sequences"] <= 2 * 4 and b["selected_sequences"] <= g["selected_sequences"]
+    assert b["trained_tokens"] == b["prefix_tokens"] <= g["trained_tokens"]
+    assert all(r["trained_tokens"] > 0 for r in rows["bppo"]) or any(r["frac_zero_std_groups"] == 1 for r in rows["bppo"])
