@@ -12,12 +12,12 @@ install: $(STAMP)  ## create .venv, install the pinned CPU torch first, then the
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q "$(TORCH)"
+	$(BIN)/python -m pip install -q $(TORCH)
 	$(BIN)/python -m pip install -q -e ".[dev]"
 	@touch $(STAMP)
 
 demo: install  ## the main job on the embedded default: a short GRPO run of the shipped tiny policy on CPU
-	$(BIN)/bppo train --preset cpu-demo --algo grpo --steps 40 --out runs/demo
+	$(BIN)/bppo train --preset cpu-demo --algo grpo --steps 40 --out runs/demo --overwrite
 
 test: install check-export lessons pytest  ## export check, every lesson, every test
 
@@ -36,7 +36,7 @@ export: install
 docs: install  ## render lessons and tutorials into docs/ (Quarto's nbdev-docs when quarto is installed)
 	@if command -v quarto >/dev/null 2>&1; then $(BIN)/nbdev-docs; else $(BIN)/python tools/build_docs.py; fi
 
-sft: install  ## retrain the shipped tiny policy into data/tiny_policy (about 8 minutes on 2 cores)
+sft: install  ## retrain the shipped tiny policy into data/tiny_policy (about 10 minutes on 2 cores)
 	$(BIN)/bppo sft --preset tiny
 
 eval: install  ## the shipped policy's numbers, as quoted in the README

@@ -24,7 +24,7 @@ def main():
     a = ap.parse_args()
     cfg = get_config("cpu-demo", overrides=[f"train.steps={a.steps}", f"algo.reduction={a.reduction}", f"train.seed={a.seed}",
                                             f"data.seed={a.seed}", f"train.out={a.out}"] + a.overrides)
-    if not a.summarize: train(cfg, evaluate_every=False)
+    if not a.summarize: train(cfg, evaluate_every=False, overwrite=True)
     rows = read_jsonl_rows(Path(a.out) / "metrics.jsonl")
     k = max(1, min(10, len(rows) // 3))
     def avg(rs, key):  # steps without a sample of a style have no accuracy for it

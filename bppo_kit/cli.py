@@ -18,8 +18,8 @@ from .policy import load_policy
 from .rollout import SamplingParams
 
 # %% auto #0
-__all__ = ['COMMANDS', 'seed_everything', 'cmd_eval', 'cmd_sft', 'cmd_train', 'cmd_plot', 'build_parser', 'shorthand_overrides',
-           'main']
+__all__ = ['COMMANDS', 'seed_everything', 'cmd_eval', 'cmd_sft', 'cmd_train', 'cmd_compare', 'cmd_plot', 'build_parser',
+           'shorthand_overrides', 'main']
 
 # %% ../nbs/12_cli.ipynb #5b7f3859
 def seed_everything(seed: int):
@@ -33,10 +33,11 @@ def _fmt(v):
 def cmd_eval(args, cfg: Config) -> int:
     seed_everything(cfg.train.seed)
     ex = eval_examples(cfg)  # data errors before the model is loaded
-    model, tok = load_policy(args.checkpoint or cfg.model.name_or_path, cfg.model.dtype)
+    dev = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.train.device == "auto" else cfg.train.device
+    model, tok = load_policy(args.checkpoint or cfg.model.name_or_path, cfg.model.dtype, dev)
     r = cfg.rollout
     sp = SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_new_tokens=r.max_new_tokens,
-                        seed=cfg.train.seed)
+                        seed=cfg.train.seed, logprobs=False)
     res = evaluate(model, tok, ex, samples=args.samples, sampling=sp, progress=not args.quiet)
     res["checkpoint"] = str(args.checkpoint or cfg.model.name_or_path)
     for k, v in res.items(): print(f"{k:>28}  {_fmt(v)}")
@@ -48,7 +49,6 @@ def cmd_eval(args, cfg: Config) -> int:
 # %% ../nbs/12_cli.ipynb #756bec11
 def cmd_sft(args, cfg: Config) -> int:
     from bppo_kit.sft import train_sft
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     out = train_sft(cfg, args.out, progress=not args.quiet)
     print(f"saved {out}")
     return 0
@@ -56,9 +56,11 @@ def cmd_sft(args, cfg: Config) -> int:
 # %% ../nbs/12_cli.ipynb #279f2ea4
 def cmd_train(args, cfg: Config) -> int:
     from bppo_kit.trainer import plot_run, train
-    try: s = train(cfg, resume=args.resume, progress=not args.quiet)
+    try: s = train(cfg, resume=args.resume, progress=not args.quiet, overwrite=args.overwrite)
     except KeyboardInterrupt:
-        print(f"bppo: interrupted; checkpoint saved in {cfg.train.out}/checkpoint (continue with --resume)", file=sys.stderr)
+        st = Path(cfg.train.out) / "checkpoint" / "trainer_state.pt"
+        saved = f"the checkpoint in {st.parent} holds step {torch.load(st, weights_only=True)['step']}" if st.exists() else "no checkpoint was saved"
+        print(f"bppo: interrupted; {saved} (continue with --resume)", file=sys.stderr)
         return 130
     png = plot_run(cfg.train.out)
     a, b = s["first_eval"], s["last_eval"]
@@ -67,6 +69,13 @@ def cmd_train(args, cfg: Config) -> int:
               f"{b['greedy_accuracy']:.3f}   response tokens {a['mean_response_tokens']:.1f} -> {b['mean_response_tokens']:.1f}"
               f"   {s['seconds']:.0f} s")
     print(f"run folder {s['run_dir']}  (metrics.jsonl, eval.jsonl, checkpoint/, {png.name})")
+    return 0
+
+def cmd_compare(args, cfg: Config) -> int:
+    from bppo_kit.compare import compare
+    seeds = list(range(args.seeds))
+    compare(cfg, [a.strip() for a in args.algos.split(",") if a.strip()], seeds, args.out, progress=not args.quiet)
+    print((Path(args.out) / "report.md").read_text())
     return 0
 
 def cmd_plot(args, cfg: Config) -> int:
@@ -103,6 +112,13 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--out", help="train.out: the run folder")
     t.add_argument("--save-every", type=int, help="train.save_every")
     t.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint")
+    t.add_argument("--overwrite", action="store_true", help="replace a run already in OUT")
+    cp = sub.add_parser("compare", help="several algorithms, same seeds and budget: report.md, report.json, compare.png")
+    _common(cp)
+    cp.add_argument("--algos", default="grpo_seq,grpo,bppo", help="comma-separated variants (see bppo_kit.compare.VARIANTS)")
+    cp.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 for every variant")
+    cp.add_argument("--steps", type=int, help="train.steps")
+    cp.add_argument("--out", default="runs/compare", help="the comparison folder")
     pl = sub.add_parser("plot", help="draw a run's curves (several runs are overlaid)")
     pl.add_argument("runs", nargs="+", help="run folders")
     pl.add_argument("--png", help="output PNG (default RUN/curves.png)")
@@ -115,7 +131,7 @@ def shorthand_overrides(args) -> list[str]:
              ("train.out", "out"), ("train.save_every", "save_every")]
     return [f"{k}={getattr(args, a)}" for k, a in pairs if getattr(args, a, None) is not None]
 
-COMMANDS = {"eval": cmd_eval, "sft": cmd_sft, "train": cmd_train, "plot": cmd_plot}
+COMMANDS = {"eval": cmd_eval, "sft": cmd_sft, "train": cmd_train, "compare": cmd_compare, "plot": cmd_plot}
 
 def main(argv: list[str] | None = None) -> int:
     "Entry point of the `bppo` command; returns the exit code"
@@ -124,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if getattr(args, "samples", 1) < 1: raise ConfigError(f"--samples must be >= 1, got {args.samples}")
         extra = shorthand_overrides(args) if args.cmd == "train" else []
+        if args.cmd == "compare": extra = [f"train.steps={args.steps}"] if args.steps else []
         cfg = get_config(args.preset, args.config, extra + args.overrides)
         return COMMANDS[args.cmd](args, cfg)
     except (ConfigError, DataError) as e:

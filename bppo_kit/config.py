@@ -6,7 +6,7 @@ Docs: https://bppo-kit.github.io/bppo_kit/config.html.md"""
 
 # %% ../nbs/00_config.ipynb #e45e1cd1
 from __future__ import annotations
-import difflib, importlib.util, os
+import difflib, importlib.util, math, os
 from dataclasses import dataclass, field, fields, asdict
 from pathlib import Path
 import yaml
@@ -37,7 +37,7 @@ class DataConfig:
     path: str = ""  # training prompts as local JSONL; "" = the task's default (generated, ../shared/data, or the hub)
     eval_path: str = ""  # eval set as local JSONL; "" = the task's default (data/synthetic_eval.jsonl for synthetic)
     eval_size: int = param(200, ge=0)  # eval problems used; 0 = all of them
-    seed: int = 0  # seeds prompt order and the synthetic generator
+    seed: int = param(0, ge=0, lt=2**32)  # seeds prompt order and the synthetic generator
 
 @dataclass
 class RolloutConfig:
@@ -71,7 +71,7 @@ class TrainConfig:
     mu: int = param(1, ge=1)  # PPO epochs over each batch (1 = on-policy)
     micro_batch: int = param(64, ge=1)  # sequences per forward/backward
     loss_kernel: str = param("naive", choices=["naive", "chunked", "triton", "auto"])  # naive: full logits (fine for small vocabularies); chunked/triton: the fused prefix loss of the kernels lesson
-    seed: int = 0  # seeds torch, numpy and python
+    seed: int = param(0, ge=0, lt=2**32)  # seeds torch, numpy and python
     device: str = param("auto", choices=["auto", "cpu", "cuda"])  # auto = cuda if available
     out: str = "runs/default"  # run folder: config, metrics.jsonl, checkpoints
     save_every: int = param(0, ge=0)  # checkpoint every K steps; 0 = only at the end
@@ -91,7 +91,7 @@ class SFTConfig:
     num_layers: int = param(4, ge=1)
     num_heads: int = param(4, ge=1)
     intermediate_size: int = param(512, ge=8)
-    seed: int = 0  # seeds init and the problem stream
+    seed: int = param(0, ge=0, lt=2**32)  # seeds init and the problem stream
     out: str = "data/tiny_policy"  # where the checkpoint goes
 
 # %% ../nbs/00_config.ipynb #b3d25c55
@@ -114,6 +114,10 @@ def _check_value(name, f, v):
     "Raise `ConfigError` if `v` is not of `f`'s type or outside its range"
     want = _TYPES[f.type]  # annotations are strings under `from __future__ import annotations`
     if want is float and type(v) is int: v = float(v)
+    if want is float and type(v) is str:  # YAML 1.1 reads `1e-6` as a string
+        try: v = float(v)
+        except ValueError: pass
+    if want is float and type(v) is float and not math.isfinite(v): raise ConfigError(f"{name}: must be finite, got {v!r}")
     if type(v) is not want:
         raise ConfigError(f"{name}: expected {want.__name__}, got {v!r}")
     m = f.metadata
@@ -131,6 +135,8 @@ def validate(cfg: Config) -> Config:
         for f in fields(part): setattr(part, f.name, _check_value(f"{sec.name}.{f.name}", f, getattr(part, f.name)))
     if cfg.rollout.engine == "vllm" and cfg.train.device == "cpu":
         raise ConfigError("rollout.engine: vllm needs a GPU, but train.device is cpu")
+    if cfg.train.loss_kernel != "naive" and cfg.algo.beta > 0:
+        raise ConfigError("train.loss_kernel: the fused kernels take no KL term; use train.loss_kernel=naive with algo.beta > 0")
     return cfg
 
 # %% ../nbs/00_config.ipynb #0e0a84a0
@@ -156,10 +162,11 @@ def set_value(cfg: Config, key: str, value) -> Config:
 
 def apply_overrides(cfg: Config, overrides: list[str]) -> Config:
     "Apply `key=value` strings (the CLI's `--set`) to `cfg`, then validate the whole"
+    str_keys = {f"{s.name}.{f.name}" for s in fields(cfg) for f in fields(getattr(cfg, s.name)) if f.type == "str"}
     for o in overrides or []:
         if "=" not in o: raise ConfigError(f"override {o!r} is not of the form key=value")
         k, v = o.split("=", 1)
-        set_value(cfg, k.strip(), _yaml_scalar(v))
+        set_value(cfg, k.strip(), v if k.strip() in str_keys else _yaml_scalar(v))  # strings stay as typed: out=123
     return validate(cfg)
 
 # %% ../nbs/00_config.ipynb #eea4b85c

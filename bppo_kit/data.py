@@ -151,13 +151,15 @@ def load_synthetic_eval(path=None) -> list[Example]:
 MATH_TEMPLATE = "{question}\nPlease reason step by step, and put your final answer within \\boxed{{}}."
 GSM8K_TEMPLATE = "{question}\nPlease reason step by step, and give the final answer after '####'."
 
-TASKS = {  # task -> (default local file under shared data, hub dataset, question field, answer field, template)
-    "gsm8k": ("gsm8k/{split}.jsonl", ("openai/gsm8k", "main"), "question", "answer", GSM8K_TEMPLATE),
-    "math": ("math/math_train_7500.jsonl", ("hendrycks/competition_math",), "problem", "answer", MATH_TEMPLATE),
-    "math500": ("math/math500_test.jsonl", ("HuggingFaceH4/MATH-500",), "problem", "answer", MATH_TEMPLATE),
-    "aime24": ("competition/aime24_qwen25math.jsonl", ("HuggingFaceH4/aime_2024",), "problem", "answer", MATH_TEMPLATE),
-    "amc23": ("competition/amc23_qwen25math.jsonl", ("math-ai/amc23",), "question", "answer", MATH_TEMPLATE),
-    "geo3k": ("geometry3k/geo3k_{split}_text.jsonl", ("hiyouga/geometry3k",), "problem", "answer", MATH_TEMPLATE),
+TASKS = {  # task -> ({split: local file under shared data}, hub dataset, question field, answer field, template)
+    "gsm8k": ({"train": "gsm8k/train.jsonl", "test": "gsm8k/test.jsonl"}, ("openai/gsm8k", "main"), "question", "answer", GSM8K_TEMPLATE),
+    "math": ({"train": "math/math_train_7500.jsonl", "test": "math/math500_test.jsonl"},  # evaluated on MATH500, as is usual
+             ("hendrycks/competition_math",), "problem", "answer", MATH_TEMPLATE),
+    "math500": ({"test": "math/math500_test.jsonl"}, ("HuggingFaceH4/MATH-500",), "problem", "answer", MATH_TEMPLATE),
+    "aime24": ({"test": "competition/aime24_qwen25math.jsonl"}, ("HuggingFaceH4/aime_2024",), "problem", "answer", MATH_TEMPLATE),
+    "amc23": ({"test": "competition/amc23_qwen25math.jsonl"}, ("math-ai/amc23",), "question", "answer", MATH_TEMPLATE),
+    "geo3k": ({s: f"geometry3k/geo3k_{s}_text.jsonl" for s in ("train", "val", "test")}, ("hiyouga/geometry3k",),
+              "problem", "answer", MATH_TEMPLATE),
 }
 
 def row_to_example(row: dict, task: str) -> Example:
@@ -182,8 +184,10 @@ def load_task(task: str, # a key of `TASKS`, or "synthetic"
         return ex[:limit] if limit else ex
     if task not in TASKS: raise DataError(f"unknown task {task!r}; choose from synthetic, {', '.join(TASKS)}")
     local, hub, *_ = TASKS[task]
+    if path is None and split not in local:  # eval-only sets are never trained on by accident
+        raise DataError(f"{task} has no {split!r} split here (it has: {', '.join(local)}); give a file with data.path")
     if path is None or Path(path).suffix == ".jsonl" or Path(path).exists():
-        rows = read_jsonl(path or shared_data_dir() / local.format(split=split))
+        rows = read_jsonl(path or shared_data_dir() / local[split])
     else: rows = _load_hub(str(path), split, hub)
     ex = [row_to_example(r, task) for r in rows]
     kept = [e for e in ex if e.answer.strip()]  # a row without a gold answer cannot be graded (MATH train has two)

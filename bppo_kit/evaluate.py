@@ -50,13 +50,13 @@ def evaluate(model, tok, examples: list[Example], # the eval prompts
              engine=None, # an engine with `generate(prompts, n, sampling)`; default `HFEngine`
              progress: bool = False) -> dict: # show a progress bar
     "Sample and grade `examples`; the summary dict `bppo eval` writes"
-    sp = sampling or SamplingParams()
+    sp = sampling or SamplingParams(logprobs=False)
     eng = engine or HFEngine(model, tok, progress=progress)
     t0 = time.time()
     prompts = [e.prompt for e in examples]
     r = summarize(examples, eng.generate(prompts, samples, sp), samples, tok.eos_token_id)
     if greedy:
-        gs = eng.generate(prompts, 1, SamplingParams(temperature=0, max_new_tokens=sp.max_new_tokens))
+        gs = eng.generate(prompts, 1, SamplingParams(temperature=0, max_new_tokens=sp.max_new_tokens, logprobs=False))
         r["greedy_accuracy"] = _m([score(c.text, examples[c.prompt_index].answer, examples[c.prompt_index].task).correct
                                    for c in gs])
         r["greedy_mean_response_tokens"] = _m([response_tokens(c, tok.eos_token_id) for c in gs])

@@ -25,8 +25,9 @@ def group_advantages(rewards: torch.Tensor, # [B, G] one reward per completion, 
     "Advantages [B, G]: rewards centred per group, scaled by the group's std, the batch's, or not at all"
     if rewards.dim() != 2: raise ValueError(f"rewards must be [B, G], got shape {tuple(rewards.shape)}")
     r = rewards.float()
-    a = r - r.mean(1, keepdim=True)
-    if scale == "group": return a / (r.std(1, keepdim=True, unbiased=False) + eps)
+    sd = r.std(1, keepdim=True, unbiased=False)
+    a = (r - r.mean(1, keepdim=True)) * (sd > eps)  # a group of (nearly) equal rewards carries no signal: exactly 0
+    if scale == "group": return a / (sd + eps)
     if scale == "batch": return a / (r.std(unbiased=False) + eps)
     if scale == "none": return a
     raise ValueError(f"scale must be 'group', 'batch' or 'none', got {scale!r}")

@@ -24,6 +24,7 @@ class SamplingParams:
     max_new_tokens: int = 160  # hard cap on completion length
     stop_token_ids: list[int] = field(default_factory=list)  # extra stop tokens besides the tokenizer's EOS
     seed: int | None = None  # seeds torch's generator for reproducible samples
+    logprobs: bool = True  # return per-token log-probs (keeps [batch, vocab] logits per step: off for big vocabularies)
 
     def __post_init__(self):
         if self.temperature < 0: raise ValueError(f"temperature must be >= 0, got {self.temperature}")
@@ -68,7 +69,8 @@ class HFEngine:
         if limit and max(map(len, ids)) + sp.max_new_tokens > limit:
             raise ValueError(f"prompt of {max(map(len, ids))} tokens + {sp.max_new_tokens} new exceeds the context of {limit}")
         if sp.seed is not None: torch.manual_seed(sp.seed)
-        stop = {self.tok.eos_token_id, *sp.stop_token_ids}
+        gen_eos = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
+        stop = {self.tok.eos_token_id, *sp.stop_token_ids, *([gen_eos] if isinstance(gen_eos, int) else gen_eos or [])}
         flat = [(i, x) for i, x in enumerate(ids) for _ in range(n)]
         out, t0 = [], time.time()
         dev = next(self.model.parameters()).device
@@ -76,16 +78,17 @@ class HFEngine:
             chunk = flat[s:s + self.max_batch]
             enc = self.tok.pad({"input_ids": [x for _, x in chunk]}, return_tensors="pt").to(dev)
             kw = dict(do_sample=sp.temperature > 0, max_new_tokens=sp.max_new_tokens, pad_token_id=self.tok.pad_token_id,
-                      eos_token_id=sorted(stop), return_dict_in_generate=True, output_logits=True)
+                      eos_token_id=sorted(stop), return_dict_in_generate=True, output_logits=sp.logprobs)
             if sp.temperature > 0: kw.update(temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k)
             else: kw.update(temperature=None, top_p=None, top_k=None)
             g = self.model.generate(**enc, **kw)
             new = g.sequences[:, enc["input_ids"].shape[1]:]
-            lp = torch.stack([token_logprobs(l / (sp.temperature or 1.0), t) for l, t in zip(g.logits, new.T)], 1)
+            lp = (torch.stack([token_logprobs(l / (sp.temperature or 1.0), t) for l, t in zip(g.logits, new.T)], 1)
+                  if sp.logprobs else None)
             for r, (i, x) in enumerate(chunk):
                 toks, why = trim(new[r].tolist(), stop)
                 out.append(Completion(i, x, toks, self.tok.decode(toks, skip_special_tokens=True),
-                                      lp[r, :len(toks)].tolist(), why))
+                                      lp[r, :len(toks)].tolist() if lp is not None else [], why))
         self.stats["seconds"] += time.time() - t0; self.stats["calls"] += 1
         self.stats["generated_tokens"] += sum(c.n_tokens for c in out)
         return out

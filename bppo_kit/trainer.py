@@ -6,7 +6,7 @@ Docs: https://bppo-kit.github.io/bppo_kit/trainer.html.md"""
 
 # %% ../nbs/11_trainer.ipynb #e962ff92
 from __future__ import annotations
-import json, math, random, shutil, time
+import json, math, random, shutil, signal, threading, time
 from pathlib import Path
 import numpy as np
 import torch
@@ -18,7 +18,6 @@ from .bppo import BPPO
 from .grpo import GRPO, Rollout, TrainItem, clipped_surrogate, entropy_from_logits, k3_kl, score_rollout, token_weights
 from .policy import load_policy, pack, token_logprobs
 from .rollout import HFEngine, SamplingParams
-from .sft import lr_at
 
 # %% auto #0
 __all__ = ['ALGORITHMS', 'PromptSource', 'forward_logprobs', 'kernel_loss', 'update', 'save_checkpoint', 'load_trainer_state',
@@ -47,11 +46,11 @@ class PromptSource:
 ALGORITHMS = {"grpo": GRPO, "bppo": BPPO}
 
 # %% ../nbs/11_trainer.ipynb #ec15c6ed
-def forward_logprobs(model, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
-    "Log-probs [B, C] of a packed batch's completion tokens, and their entropies [B, C] (detached)"
+def forward_logprobs(model, batch: dict, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    "Log-probs [B, C] of a packed batch's completion tokens at the sampling `temperature`, and their entropies (detached)"
     P = batch["prompt_len"]
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                   position_ids=batch["position_ids"], use_cache=False).logits[:, P - 1:-1]
+                   position_ids=batch["position_ids"], use_cache=False).logits[:, P - 1:-1] / temperature
     lp = token_logprobs(logits, batch["input_ids"][:, P:])
     with torch.no_grad(): ent = entropy_from_logits(logits)
     return lp, ent
@@ -63,7 +62,7 @@ def kernel_loss(model, b: dict, m: torch.Tensor, adv: torch.Tensor, w: torch.Ten
     from bppo_kit.kernels import prefix_policy_loss
     P = b["prompt_len"]
     h = model.get_decoder()(input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"],
-                            use_cache=False).last_hidden_state[:, P - 1:-1]
+                            use_cache=False).last_hidden_state[:, P - 1:-1] / cfg.rollout.temperature  # logits / T
     H, W = h.shape[-1], model.get_output_embeddings().weight
     hf, tgt, mf = h.reshape(-1, H), b["input_ids"][:, P:].reshape(-1), m.reshape(-1)
     kw = dict(impl=cfg.train.loss_kernel, return_stats=True)
@@ -79,7 +78,9 @@ def update(model, opt, items: list[TrainItem], cfg: Config, pad_id: int, ref_mod
     "PPO epochs over `items`; returns metrics (trained_tokens, clip_frac, kl, entropy, grad_norm, skipped)"
     t, a = cfg.train, cfg.algo
     dev = next(model.parameters()).device
-    live = [it for it in items if it.n_train > 0 and it.advantage != 0.0]
+    T = cfg.rollout.temperature
+    kl_on = ref_model is not None and a.beta > 0
+    live = [it for it in items if it.n_train > 0 and (it.advantage != 0.0 or kl_on)]  # zero advantage, zero gradient (without KL)
     n_tokens = sum(it.n_train for it in items)
     n_seqs = sum(it.n_train > 0 for it in items)
     mets = dict(trained_tokens=0, clip_frac=0.0, kl=0.0, entropy=0.0, grad_norm=0.0, skipped=0, loss=0.0)
@@ -91,14 +92,12 @@ def update(model, opt, items: list[TrainItem], cfg: Config, pad_id: int, ref_mod
         m = torch.zeros(len(mb), C, dtype=torch.bool, device=dev)
         for j, it in enumerate(mb): m[j, :it.n_train] = True
         return b, m, torch.tensor([it.advantage for it in mb], device=dev)
-    if t.loss_kernel != "naive" and a.beta > 0:
-        raise ConfigError("train.loss_kernel: the fused kernels take no KL term here; use train.loss_kernel=naive with algo.beta > 0")
     old = None
     if t.mu > 1:
-        with torch.no_grad(): old = [forward_logprobs(model, batch_of(mb)[0])[0] for mb in mbs]
+        with torch.no_grad(): old = [forward_logprobs(model, batch_of(mb)[0], T)[0] for mb in mbs]
     ref = None
-    if ref_model is not None and a.beta > 0:
-        with torch.no_grad(): ref = [forward_logprobs(ref_model, batch_of(mb)[0])[0] for mb in mbs]
+    if kl_on:
+        with torch.no_grad(): ref = [forward_logprobs(ref_model, batch_of(mb)[0], T)[0] for mb in mbs]
     model.train()
     for epoch in range(t.mu):
         opt.zero_grad(set_to_none=True)
@@ -107,7 +106,7 @@ def update(model, opt, items: list[TrainItem], cfg: Config, pad_id: int, ref_mod
             b, m, adv = batch_of(mb)
             w = token_weights(m, a.reduction, n_seqs, n_tokens, cfg.rollout.max_new_tokens)
             if t.loss_kernel == "naive":
-                lp, ent = forward_logprobs(model, b)
+                lp, ent = forward_logprobs(model, b, T)
                 o = old[k] if old is not None else lp.detach()
                 tl, clipped = clipped_surrogate(lp, o, adv[:, None], a.eps_low, a.eps_high)
                 kl = k3_kl(lp, ref[k]) if ref is not None else torch.zeros_like(lp)
@@ -185,58 +184,82 @@ def _device(cfg: Config) -> str:
 def _eval(model, tok, cfg, examples, step, progress=False) -> dict:
     r = cfg.rollout
     res = evaluate(model, tok, examples, samples=cfg.rollout.group_size, progress=progress,
-                   sampling=SamplingParams(r.temperature, r.top_p, r.top_k, r.max_new_tokens, seed=cfg.train.seed + 7))
+                   sampling=SamplingParams(r.temperature, r.top_p, r.top_k, r.max_new_tokens, seed=cfg.train.seed + 7,
+                                           logprobs=False))
     return dict(step=step, **res)
+
+def _stop_on_signals():
+    "Ask the loop to stop at the next step boundary on SIGINT/SIGTERM; returns (flag, restore)"
+    flag = {"stop": False}
+    if threading.current_thread() is not threading.main_thread(): return flag, lambda: None  # e.g. a widget's thread
+    def on(sig, frame):
+        if flag["stop"]: raise KeyboardInterrupt  # a second Ctrl-C leaves at once
+        flag["stop"] = True
+        print("\nstopping after this step (a checkpoint will be saved); press Ctrl-C again to leave now", flush=True)
+    old = {sg: signal.signal(sg, on) for sg in (signal.SIGINT, signal.SIGTERM)}
+    return flag, lambda: [signal.signal(sg, h) for sg, h in old.items()]
 
 def train(cfg: Config, # the validated config
           resume: bool = False, # continue from `cfg.train.out/checkpoint`
-          progress: bool = True, # show a progress bar
+          progress: bool = True, # show progress bars
           evaluate_every: bool = True, # evaluate before, every `eval_every` steps, and after
-          stop_after: int | None = None) -> dict: # stop (with a checkpoint) after this many steps of this call
+          stop_after: int | None = None, # stop (with a checkpoint) after this many steps of this call
+          overwrite: bool = False) -> dict: # start afresh in a run folder that already holds a run
     "Run RL training; returns a summary with the first and last evaluation"
     t = cfg.train
     if cfg.algo.name not in ALGORITHMS:
         raise ConfigError(f"algo.name: {cfg.algo.name!r} is not implemented yet; available: {', '.join(ALGORITHMS)}")
     if cfg.rollout.engine != "hf":
         raise ConfigError(f"rollout.engine: {cfg.rollout.engine!r} is not implemented yet; use rollout.engine=hf")
-    run = Path(t.out); run.mkdir(parents=True, exist_ok=True)
+    run = Path(t.out)
+    ckpt, metrics_path, eval_path = run / "checkpoint", run / "metrics.jsonl", run / "eval.jsonl"
+    if resume and not ckpt.exists() and (run / "checkpoint.old").exists(): (run / "checkpoint.old").rename(ckpt)  # killed mid-swap
+    if not resume and not overwrite and (metrics_path.exists() or ckpt.exists()):
+        raise ConfigError(f"train.out: {run} already holds a run; continue it with --resume or replace it with --overwrite")
+    if resume and not (ckpt / "trainer_state.pt").exists():
+        print(f"no checkpoint in {run}: starting from step 0", flush=True)
+    if overwrite and not resume:
+        for p in (metrics_path, eval_path): p.unlink(missing_ok=True)
+        shutil.rmtree(ckpt, ignore_errors=True)
+    run.mkdir(parents=True, exist_ok=True)
     save_config(cfg, run / "config.yaml")
     torch.manual_seed(t.seed); random.seed(t.seed); np.random.seed(t.seed)
     dev = _device(cfg)
-    ckpt = run / "checkpoint"
-    if resume and not ckpt.exists() and (run / "checkpoint.old").exists(): (run / "checkpoint.old").rename(ckpt)  # killed mid-swap
-    start = 0
+    start, state = 0, None
     if resume and (ckpt / "trainer_state.pt").exists():
         model, tok = load_policy(str(ckpt), cfg.model.dtype, dev)
         state = load_trainer_state(ckpt); start = state["step"]
-    else: model, tok = load_policy(cfg.model.name_or_path, cfg.model.dtype, dev); state = None
+    else: model, tok = load_policy(cfg.model.name_or_path, cfg.model.dtype, dev)
+    ctx = getattr(model.config, "max_position_embeddings", None)
+    if ctx and cfg.rollout.max_new_tokens >= ctx:
+        raise ConfigError(f"rollout.max_new_tokens: {cfg.rollout.max_new_tokens} does not fit the model's context of {ctx}")
     if cfg.model.gradient_checkpointing: model.gradient_checkpointing_enable()
     opt = torch.optim.AdamW(model.parameters(), lr=t.lr, betas=(0.9, 0.99), weight_decay=0.0)
     if state is not None: opt.load_state_dict(state["optimizer"]); _set_rng_state(state["rng"])
-    ref = None
-    if cfg.algo.beta > 0: ref, _ = load_policy(cfg.model.name_or_path, cfg.model.dtype, dev)
+    ref = load_policy(cfg.model.name_or_path, cfg.model.dtype, dev)[0] if cfg.algo.beta > 0 else None
     algo = ALGORITHMS[cfg.algo.name](cfg)
     engine = HFEngine(model, tok)
     prompts = PromptSource(cfg)
-    metrics_path, eval_path = run / "metrics.jsonl", run / "eval.jsonl"
     truncate_metrics(metrics_path, start); truncate_metrics(eval_path, start + 1 if start else 0)
     eval_set = eval_examples(cfg)
-    evals = []
-    if evaluate_every and start == 0:
-        evals.append(_eval(model, tok, cfg, eval_set, 0, progress))
-        with open(eval_path, "a") as f: f.write(json.dumps(evals[-1]) + "\n")
     end = t.steps if stop_after is None else min(t.steps, start + stop_after)
+    evals = read_jsonl_rows(eval_path)
+    def log_eval(step):
+        evals.append(_eval(model, tok, cfg, eval_set, step, progress))
+        with open(eval_path, "a") as f: f.write(json.dumps(evals[-1]) + "\n")
+    if evaluate_every and start == 0 and not evals: log_eval(0)
+    flag, restore = _stop_on_signals()
     bar = tqdm(range(start, end), desc=f"{cfg.algo.name}", disable=not progress, initial=start, total=t.steps)
-    step, t_run = start, time.time()
+    done, t_run = start, time.time()
     try:
         for step in bar:
             t0 = time.time()
-            for g in opt.param_groups: g["lr"] = lr_at(step, t.lr, t.warmup_steps, t.steps, floor=1.0)
+            for g in opt.param_groups: g["lr"] = t.lr * min(1.0, (step + 1) / t.warmup_steps) if t.warmup_steps else t.lr
             # rollout
             ex = prompts(step)
             r = cfg.rollout
-            cs = engine.generate([e.prompt for e in ex], r.group_size,
-                                 SamplingParams(r.temperature, r.top_p, r.top_k, r.max_new_tokens, seed=t.seed * 1_000_003 + step))
+            cs = engine.generate([e.prompt for e in ex], r.group_size, SamplingParams(
+                r.temperature, r.top_p, r.top_k, r.max_new_tokens, seed=t.seed * 1_000_003 + step, logprobs=False))
             t1 = time.time()
             # reward
             ro = score_rollout(ex, cs, r.group_size, tok.eos_token_id)
@@ -250,22 +273,16 @@ def train(cfg: Config, # the validated config
             row = dict(step=step, wall_s=round(t3 - t0, 4), rollout_s=round(t1 - t0, 4), reward_s=round(t2 - t1, 4),
                        update_s=round(t3 - t2, 4), lr=opt.param_groups[0]["lr"], **rollout_metrics(ro), **am, **um)
             with open(metrics_path, "a") as f: f.write(json.dumps(row) + "\n")
+            done = step + 1
             bar.set_postfix(acc=f"{row['accuracy']:.2f}", len=f"{row['response_tokens_mean']:.0f}")
             # evaluate and checkpoint
-            done = step + 1
-            if evaluate_every and t.eval_every and done % t.eval_every == 0 and done < t.steps:
-                evals.append(_eval(model, tok, cfg, eval_set, done, progress))
-                with open(eval_path, "a") as f: f.write(json.dumps(evals[-1]) + "\n")
-            if t.save_every and done % t.save_every == 0: save_checkpoint(run, model, tok, opt, done)
-        step = end
-    except KeyboardInterrupt:  # keep what is done: a checkpoint of the steps completed so far
-        save_checkpoint(run, model, tok, opt, step)
-        raise
-    save_checkpoint(run, model, tok, opt, end)
-    if evaluate_every and end == t.steps:
-        evals.append(_eval(model, tok, cfg, eval_set, end, progress))
-        with open(eval_path, "a") as f: f.write(json.dumps(evals[-1]) + "\n")
-    return dict(run_dir=str(run), steps=end, seconds=round(time.time() - t_run, 1),
+            if evaluate_every and t.eval_every and done % t.eval_every == 0 and done < t.steps: log_eval(done)
+            if (t.save_every and done % t.save_every == 0) or flag["stop"]: save_checkpoint(run, model, tok, opt, done)
+            if flag["stop"]: raise KeyboardInterrupt
+    finally: restore()  # a second Ctrl-C leaves mid-step without saving: the weights may hold part of a step
+    if done > start or not ckpt.exists(): save_checkpoint(run, model, tok, opt, done)
+    if evaluate_every and done == t.steps and done > start: log_eval(done)
+    return dict(run_dir=str(run), steps=done, seconds=round(time.time() - t_run, 1),
                 first_eval=evals[0] if evals else None, last_eval=evals[-1] if evals else None)
 
 # %% ../nbs/11_trainer.ipynb #12c4988e

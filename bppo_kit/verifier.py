@@ -1,4 +1,4 @@
-"""Turn a model's response into a reward: extract the final answer, compare it with the gold one, check the format.
+"""Turn a model's response into a reward: extract the final answer, compare it with the gold one, check the format — fast, and safely.
 
 Docs: https://bppo-kit.github.io/bppo_kit/verifier.html.md"""
 
@@ -6,13 +6,27 @@ Docs: https://bppo-kit.github.io/bppo_kit/verifier.html.md"""
 
 # %% ../nbs/01_verifier.ipynb #64bdfe68
 from __future__ import annotations
+import atexit
+import logging
+import multiprocessing as mp
+import os
 import re
+import signal
+import sys
+import threading
+import time
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 from fractions import Fraction
+from functools import lru_cache
+from multiprocessing.connection import wait as _wait_conns
 
 # %% auto #0
-__all__ = ['MAX_CHARS', 'TASK_POLICIES', 'Score', 'last_boxed', 'extract_answer', 'to_number', 'answers_equal', 'gold_answer',
-           'score', 'reward_fn']
+__all__ = ['MAX_CHARS', 'MAX_ANSWER', 'TASK_POLICIES', 'HARD_MARGIN', 'WORKER_MEMORY', 'ANCHORED', 'FORMAT_RULES', 'CACHE',
+           'DEFAULT_WORKERS', 'TRICKY_CASES', 'Score', 'clean_text', 'last_boxed', 'looks_bare', 'extract_answer',
+           'Policy', 'gold_answer', 'normalize_answer', 'to_number', 'answer_forms', 'numbers_equal', 'quick_equal',
+           'too_big', 'symbolic_equal', 'plain_math_verify', 'SymbolicPool', 'get_pool', 'check_format', 'score',
+           'score_batch', 'reward_fn', 'agreement']
 
 # %% ../nbs/01_verifier.ipynb #979b7d17
 @dataclass(frozen=True)
@@ -23,89 +37,681 @@ class Score:
     format_ok: bool  # the response ended with a well-formed final answer
 
 # %% ../nbs/01_verifier.ipynb #0279ed65
-MAX_CHARS = 20_000  # answers sit at the end; longer responses are graded on their tail
-_HASH = re.compile(r"####\s*([^\n]*)")
-_NUM = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?")
+MAX_CHARS = 20_000  # answers sit at the end: longer responses are graded on their tail
+MAX_ANSWER = 1_000  # an extracted answer longer than this is compared as a string only, never parsed
+_INVISIBLE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u00ad\u061c\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]")
 
-def last_boxed(text: str) -> str | None:
-    "Content of the last `\\boxed{...}` or `\\fbox{...}` in `text`, braces balanced; None if absent or unclosed"
-    i = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
-    if i < 0: return None
-    j = text.find("{", i)
-    if j < 0: return None
-    depth = 0
-    for k in range(j, len(text)):
-        depth += {"{": 1, "}": -1}.get(text[k], 0)
-        if depth == 0: return text[j + 1:k].strip()
-    return None
-
-def extract_answer(text: str, # the model's response (or a bare answer)
-                   last_number: bool = True): # fall back to the last number in the text
-    "The final answer in `text` and how it was found ('hash', 'boxed', 'number'), or (None, None)"
-    text = text[-MAX_CHARS:]
-    m = _HASH.findall(text)
-    if m and m[-1].strip(): return m[-1].strip().rstrip("."), "hash"
-    b = last_boxed(text)
-    if b: return b, "boxed"
-    if last_number:
-        nums = _NUM.findall(text)
-        if nums: return nums[-1], "number"
-    return None, None
+def clean_text(text) -> str:
+    "`text` ready to scan: non-strings become '', the last `MAX_CHARS` characters kept, control/zero-width/bidi characters dropped"
+    if not isinstance(text, str): return ""
+    return _INVISIBLE.sub("", text[-MAX_CHARS:])
 
 # %% ../nbs/01_verifier.ipynb #5e9313d1
-_FRAC = re.compile(r"^\\[dt]?frac\{(-?\d+)\}\{(\d+)\}$")
+_BRACE = re.compile(r"(?<!\\)[{}]")  # escaped \{ \} are set braces, not grouping
+_BOX = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])\s*")
 
-def to_number(s: str) -> Fraction | None:
-    "`s` as an exact `Fraction` if it is a plain number (1,234 / 2.5 / -3 / 3/4 / \\frac{3}{4} / 50% / $7), else None"
-    s = s.strip().strip("$").replace("\\$", "").replace("\\!", "").replace(" ", "")
-    s = re.sub(r"\\text\{[^}]*\}$", "", s).rstrip(".")
-    if len(s) > 64: return None
-    pct = s.endswith("%") or s.endswith("\\%")
-    s = s.rstrip("%").rstrip("\\")
-    m = _FRAC.match(s)
-    if m: v = Fraction(int(m.group(1)), int(m.group(2))) if int(m.group(2)) else None
-    elif re.fullmatch(r"-?\d{1,3}(,\d{3})+(\.\d+)?|-?\d+(\.\d+)?|-?\.\d+", s): v = Fraction(s.replace(",", ""))
-    elif re.fullmatch(r"-?\d+/\d+", s):
-        n, d = s.split("/"); v = Fraction(int(n), int(d)) if int(d) else None
-    else: return None
-    return v / 100 if (v is not None and pct) else v
+def _brace_pairs(text: str) -> dict[int, int]:
+    "Position of each `{` in `text` mapped to the position of its closing `}` (unclosed ones are absent)"
+    stack, pairs = [], {}
+    for m in _BRACE.finditer(text):
+        if m.group() == "{": stack.append(m.start())
+        elif stack: pairs[stack.pop()] = m.start()
+    return pairs
+
+def _boxed_spans(text: str) -> list[tuple[int, str]]:
+    "(position, content) of every closed `\\boxed{...}`/`\\fbox{...}`, and of `\\boxed 5` without braces"
+    if "\\boxed" not in text and "\\fbox" not in text: return []
+    pairs, out = _brace_pairs(text), []
+    for m in _BOX.finditer(text):
+        j = m.end()
+        if j < len(text) and text[j] == "{":
+            if j in pairs: out.append((m.start(), text[j + 1:pairs[j]].strip()))
+        else:
+            w = re.match(r"[^\s$]{1,100}", text[j:j + 100])
+            if w: out.append((m.start(), w.group().rstrip(".,")))
+    return out
+
+def last_boxed(text: str) -> str | None:
+    "Content of the last closed `\\boxed{...}` or `\\fbox{...}` in `text` (braces balanced), or None"
+    spans = _boxed_spans(text)
+    return spans[-1][1] if spans else None
 
 # %% ../nbs/01_verifier.ipynb #5ae1e95e
-TASK_POLICIES = {  # task -> may the last number in the text stand in for a missing final answer?
-    "synthetic": False, "gsm8k": True, "math": True, "math500": True, "aime24": True, "amc23": True, "geo3k": True, "auto": True}
+_HASH = re.compile(r"####[ \t]*([^\n]{0,300})")
+_PHRASE = re.compile(r"(?i)\b(?:the\s+)?(?:final\s+)?answer\s*(?:is\s*:?|:|=)[ \t]*([^\n]{0,300})")
+_SPAN = re.compile(r"\$\$(.{1,1000}?)\$\$|\$(.{1,1000}?)\$|\\\((.{1,1000}?)\\\)|\\\[(.{1,1000}?)\\\]", re.S)
+_NUMBER = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?(?!\d)|-?\d+(?:\.\d+)?(?:/\d+)?|-?\.\d+")
+_CALC = re.compile(r"<<[^<>\n]{0,200}>>")
+_COMMAND_OR_TEXT = re.compile(r"\\(?:text|textbf|mathrm|mbox)\s*\{[^{}]{0,100}\}|\\[A-Za-z]+")
+_BARE_WORDS = {"and", "or", "sqrt", "pi", "infty", "inf", "infinity", "percent", "dollars", "cents", "degrees", "units"}
 
-def _norm(s: str) -> str: return re.sub(r"\s+|\$", "", s).rstrip(".")
+def _span_content(m: re.Match) -> str: return next(g for g in m.groups() if g is not None).strip()
 
-def answers_equal(pred: str, gold: str) -> bool:
-    "Exact numeric equality when both are numbers, else equality of whitespace-free strings"
-    a, b = to_number(pred), to_number(gold)
-    if a is not None and b is not None: return a == b
-    return _norm(pred) == _norm(gold) and _norm(gold) != ""
+def _phrase_answer(s: str) -> str:
+    "The answer in the text that follows 'the answer is': a leading math span, or the sentence up to its end"
+    s = s.strip()
+    m = _SPAN.match(s)
+    if m: return _span_content(m)
+    s = re.split(r"(?<=\S)\.(?:\s|$)|;| because | since | as | so ", s, maxsplit=1)[0]
+    return s.strip().rstrip(".")
 
-def gold_answer(gold: str) -> str:
-    "The answer part of a gold string: after `####` (GSM8K), inside `\\boxed{}` (MATH), or the string itself"
-    g, how = extract_answer(gold, last_number=False)
-    return g if g is not None else gold.strip()
+def looks_bare(text: str) -> bool:
+    "Is `text` itself an answer (short, and no prose words outside LaTeX commands), like `$\\frac12$` or `7,425,000`?"
+    s = text.strip()
+    if not s or len(s) > 200 or "\n" in s: return False
+    if re.fullmatch(r"[A-Za-z][A-Za-z'\-]{0,30}( [A-Za-z][A-Za-z'\-]{0,30}){0,2}\.?", s): return True  # "Evelyn", "east"
+    words = re.findall(r"(?<![\\A-Za-z])[A-Za-z]{3,}", _COMMAND_OR_TEXT.sub(" ", s))
+    return all(w.lower() in _BARE_WORDS for w in words)
+
+def extract_answer(text: str, # the model's response (or a bare answer)
+                   last_number: bool = True, # allow the fallbacks: last math span, then last number
+                   *, bare: bool = True): # a short all-math text counts as the answer itself
+    "The final answer in `text` and how it was found ('hash', 'boxed', 'phrase', 'bare', 'math', 'number'), or (None, None)"
+    text = clean_text(text)
+    found = []  # (position, answer, how) of the last anchor of each kind
+    h = [m for m in _HASH.finditer(text) if m.group(1).strip()]
+    if h: found.append((h[-1].start(), h[-1].group(1).strip().rstrip("."), "hash"))
+    b = _boxed_spans(text)
+    if b and b[-1][1]: found.append((b[-1][0], b[-1][1], "boxed"))
+    p = [m for m in _PHRASE.finditer(text) if m.group(1).strip()]
+    if p:
+        a = _phrase_answer(p[-1].group(1))
+        if a: found.append((p[-1].start(), a, "phrase"))
+    if found:
+        _, a, how = max(found, key=lambda f: f[0])
+        return a[:MAX_ANSWER], how
+    if bare and looks_bare(text): return text.strip().rstrip(".")[:MAX_ANSWER], "bare"
+    if last_number:
+        spans = list(_SPAN.finditer(text))
+        if spans and _span_content(spans[-1]): return _span_content(spans[-1])[:MAX_ANSWER], "math"
+        nums = _NUMBER.findall(_CALC.sub("", text))
+        if nums: return nums[-1][:MAX_ANSWER], "number"
+    return None, None
+
+# %% ../nbs/01_verifier.ipynb #07b6f631
+@dataclass(frozen=True)
+class Policy:
+    last_number: bool = True  # the last math span / last number may stand in for a missing final answer
+    bare: bool = True  # a short all-math completion is taken as the answer itself
+
+TASK_POLICIES = {  # task -> extraction policy
+    "synthetic": Policy(last_number=False, bare=False), "gsm8k": Policy(), "math": Policy(), "math500": Policy(),
+    "aime24": Policy(), "amc23": Policy(), "geo3k": Policy(), "auto": Policy()}
+
+# %% ../nbs/01_verifier.ipynb #71e30bbd
+def gold_answer(gold, # the reference: bare, `... #### N`, a solution with `\boxed{}`, or a number
+                task: str = "auto") -> str: # the data set it comes from (a key of `TASK_POLICIES`)
+    "The bare answer in a gold reference"
+    if isinstance(gold, bool) or gold is None: gold = "" if gold is None else str(gold)
+    if isinstance(gold, int): return str(gold)
+    if isinstance(gold, float): return str(int(gold)) if gold.is_integer() and abs(gold) < 1e15 else repr(gold)
+    g = clean_text(gold)
+    if "####" in g: g = g.rsplit("####", 1)[1].strip().split("\n")[0]
+    elif "\\boxed" in g or "\\fbox" in g:
+        b = last_boxed(g)
+        if b is not None: g = b
+    g = g.strip()
+    if re.fullmatch(r"-?\d+\.0+", g): g = g.split(".")[0]  # AMC: 27.0 -> 27
+    if task == "aime24" and re.fullmatch(r"0\d+", g): g = str(int(g))  # AIME: 025 -> 25
+    return g
+
+# %% ../nbs/01_verifier.ipynb #c794ed10
+_UNICODE = str.maketrans({"−": "-", "–": "-", "—": "-", "×": "\\times ", "·": "\\cdot ", "÷": "\\div ", "π": "\\pi ",
+                          "∞": "\\infty ", "≤": "\\le ", "≥": "\\ge ", "≠": "\\ne ", "√": "\\sqrt ", "°": "^\\circ ",
+                          "\u00a0": " ", "，": ",", "＄": "$"})
+_PLAIN_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+_UNIT_WORDS = re.compile(r"^(.*?[\d}\)])\s*((?:(?!(?:arc)?(?:sin|cos|tan|cot|sec|csc|log|exp)\b)[A-Za-z]{3,}|cm|mm|km|ft|in|yd|mi|kg|mg|ml|hr|oz|lb)\.?"
+                         r"(?:\s+[A-Za-z]{2,}\.?){0,3})\s*(?:\^\s*\{?[23]\}?)?$")
+
+def _unwrap(s: str, cmd: str) -> str:
+    "`s` with every `\\cmd{X}` replaced by `X` (inner braces balanced)"
+    out, i = [], 0
+    for _ in range(50):
+        k = s.find("\\" + cmd, i)
+        if k < 0: break
+        j = k + len(cmd) + 1
+        while j < len(s) and s[j] == " ": j += 1
+        if j >= len(s) or s[j] != "{": out.append(s[i:j]); i = j; continue
+        depth, e = 0, -1
+        for q in range(j, min(len(s), j + MAX_ANSWER)):
+            depth += {"{": 1, "}": -1}.get(s[q], 0)
+            if depth == 0: e = q; break
+        if e < 0: break
+        out.append(s[i:k] + s[j + 1:e]); i = e + 1
+    return "".join(out) + s[i:]
+
+def normalize_answer(s: str) -> str:
+    "`s` as a grader reads it: delimiters, spacing, units, `\\text{}`, degrees, currency and choice letters stripped"
+    if not isinstance(s, str): return ""
+    s = s.strip()
+    if _PLAIN_NUMBER.fullmatch(s): return s  # the common case, kept fast
+    s = clean_text(s[:MAX_ANSWER]).translate(_UNICODE).strip()
+    s = re.sub(r"^\$+|\$+$|\\\(|\\\)|^\\\[|\\\]$", "", s).strip()
+    s = re.sub(r"\\(?:boxed|fbox)\s*(?=\{)", "", s)
+    s = re.sub(r"\{,\}|,\\!\s?", ",", s)  # LaTeX thousands separators: 10{,}000 and 10,\!000
+    s = re.sub(r"\\(?:left|right)(?![A-Za-z])|\\(?:displaystyle|textstyle)(?![A-Za-z])", "", s)
+    s = re.sub(r"(?<!\\)\\[!,;: ]|\\q?quad(?![A-Za-z])|~", " ", s)
+    s = re.sub(r"\\[dt]frac(?![A-Za-z])", r"\\frac", s)
+    s = re.sub(r"\^\s*\{?\s*\\circ\s*\}?|\\circ(?![A-Za-z])", "", s)
+    s = re.sub(r"\\(?:text|textrm|mbox|mathrm)\s*\{\s*(?:or|and)\s*\}", ",", s)
+    for cmd in ("textbf", "textit", "textrm", "text", "mbox", "mathrm", "mathbf", "operatorname"):
+        if "\\" + cmd in s: s = _unwrap(s, cmd)
+    s = s.replace("\\%", "%").replace("\\$", "").replace("$", "")
+    s = re.sub(r"\s+(?:or|and)\s+", ", ", s)
+    s = re.sub(r"(?<![A-Za-z])\\?sqrt\s*\(([^()]{1,100})\)", r"\\sqrt{\1}", s)  # sqrt(2) -> \sqrt{2}
+    s = re.sub(r"(?<![\\A-Za-z])(sqrt|pi|infty)(?![A-Za-z])", r"\\\1", s)
+    s = re.sub(r"(?<![\\A-Za-z])(?:infinity|inf)(?![A-Za-z])", r"\\infty", s)
+    s = s.replace("**", "^").strip().rstrip(".").strip()
+    m = re.fullmatch(r"(.*?\d)\s*(?:percent|pct)\.?", s)
+    if m: s = m.group(1) + "%"
+    m = _UNIT_WORDS.fullmatch(s)
+    if m and re.search(r"\d", m.group(1)) and not m.group(2).startswith(("or ", "and ")): s = m.group(1).strip()
+    m = re.fullmatch(r"\(?([A-Ea-e])\)(?:\s.*)?|\(([A-E])\)?|([A-E])", s)  # multiple choice: (C), C), \textbf{(C)} 12
+    if m: s = next(g for g in m.groups() if g).upper()
+    m = re.fullmatch(r"(\d+)\s*_\s*\{?\s*\d+\s*\}?", s)  # a number in another base: 52_8 -> 52
+    if m: s = m.group(1)
+    s = re.sub(r"^[A-Za-z]\s*\\in\s*", "", s)  # x \in [1,2] -> [1,2]
+    if re.fullmatch(r"\{[^{}]*\}", s): s = s[1:-1]
+    return s.strip()
+
+# %% ../nbs/01_verifier.ipynb #82247455
+_NUM_RE = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|[-+]?\.\d+")
+_FRAC_RE = re.compile(r"(-?)\\frac\s*(?:\{\s*(-?\d+)\s*\}|(\d))\s*(?:\{\s*(\d+)\s*\}|(\d))")
+_SCI_RE = re.compile(r"(.+?)\s*(?:\\times|\\cdot|\*|x)\s*10\s*\^\s*\{?\s*(-?\d{1,3})\s*\}?")
+
+def _plain(s: str) -> Fraction | None:
+    if not _NUM_RE.fullmatch(s): return None
+    return Fraction(s.replace(",", ""))
+
+def to_number(s: str) -> Fraction | None:
+    "`s` as an exact `Fraction` if it is a plain number (1,234 / 2.5 / -3 / 3/4 / \\frac{3}{4} / 2\\frac12 / 50% / $7 / 1.5\\times10^3), else None"
+    if not isinstance(s, str): return None
+    s = s.strip()
+    if len(s) > 64: return None
+    if "\\" in s or "$" in s or "%" in s or " " in s: s = re.sub(r"(?<!\d) | (?!\d)", "", normalize_answer(s))
+    pct = s.endswith("%")
+    s = s.rstrip("%")
+    if not s or len(s) > 64: return None
+    v = _plain(s)
+    if v is None:
+        m = _FRAC_RE.fullmatch(s)
+        if m:
+            num, den = int(m.group(2) or m.group(3)), int(m.group(4) or m.group(5))
+            v = Fraction(-num if m.group(1) else num, den) if den else None
+        elif re.fullmatch(r"-?\d+/\d+", s):
+            n, d = s.split("/"); v = Fraction(int(n), int(d)) if int(d) else None
+        elif (m := re.fullmatch(r"(-?)(\d+)\\frac\{(\d+)\}\{(\d+)\}", s)) and int(m.group(4)):
+            v = int(m.group(2)) + Fraction(int(m.group(3)), int(m.group(4)))  # mixed number 2\frac{1}{2}
+            v = -v if m.group(1) else v
+        elif (m := _SCI_RE.fullmatch(s)) and (a := _plain(m.group(1))) is not None:
+            v = a * Fraction(10) ** int(m.group(2))
+    return v / 100 if (v is not None and pct) else v
+
+# %% ../nbs/01_verifier.ipynb #a2c56b4f
+_ASSIGN = re.compile(r"\s*[A-Za-z](?:_\{?\w{1,3}\}?)?\s*=\s*([^=]+)")
+
+def _key(s: str) -> str:
+    "A comparison key: no whitespace, and lower case for plain words"
+    k = re.sub(r"\s+", "", s)
+    return k.lower() if re.fullmatch(r"[A-Za-z'\-]+", k) else k
+
+def _split_top(s: str) -> list[str]:
+    "`s` split at commas outside brackets"
+    parts, depth, cur = [], 0, []
+    for ch in s:
+        depth += ch in "([{" and 1 or ch in ")]}" and -1 or 0
+        if ch == "," and depth == 0: parts.append("".join(cur)); cur = []
+        else: cur.append(ch)
+    return parts + ["".join(cur)]
+
+def answer_forms(s: str, other: str) -> list[str]:
+    "Normalized forms of `s` worth comparing with `other`: itself, and its right-hand sides if `other` has no `=`"
+    n = normalize_answer(s)
+    forms = [n]
+    if "=" in n and "=" not in normalize_answer(other) and len(n) < 300:
+        parts = _split_top(n)
+        rhs = [_ASSIGN.fullmatch(p) for p in parts]
+        if all(rhs): forms.append(", ".join(m.group(1).strip() for m in rhs))
+    return forms
+
+def _terminating(q: Fraction) -> bool:
+    d = q.denominator
+    for p in (2, 5):
+        while d % p == 0: d //= p
+    return d == 1
+
+def numbers_equal(a: str, b: str) -> bool | None:
+    "True/False if both `a` and `b` are plain numbers (`%` may be dropped or applied), None if either is not"
+    x, y = to_number(a), to_number(b)
+    if x is None or y is None: return None
+    if x == y: return True
+    pa, pb = a.rstrip().endswith("%"), b.rstrip().endswith("%")
+    if (pa and x * 100 == y) or (pb and y * 100 == x): return True
+    decimal = lambda s: "." in s and "/" not in s and "frac" not in s
+    if (decimal(a) and not _terminating(y)) or (decimal(b) and not _terminating(x)): return None  # rounding question
+    return False
+
+def quick_equal(pred: str, gold: str) -> bool | None:
+    "Fast verdict on `pred` vs `gold`: True, False, or None when symbolic equivalence must decide"
+    if not isinstance(pred, str) or not isinstance(gold, str): return False
+    ps, gs = answer_forms(pred, gold), answer_forms(gold, pred)
+    if not ps[0] or not gs[0]: return False
+    if any(_key(p) == _key(g) for p in ps for g in gs): return True
+    verdicts = [numbers_equal(p, g) for p in ps for g in gs]
+    if True in verdicts: return True
+    if None not in verdicts: return False
+    words = re.compile(r"[A-Za-z][A-Za-z '\-]*")
+    if all(words.fullmatch(x) for x in (ps[0], gs[0])): return False  # two different words
+    if len(ps[0]) >= MAX_ANSWER or len(gs[0]) >= MAX_ANSWER: return False
+    return None
+
+# %% ../nbs/01_verifier.ipynb #b15bddf1
+_EXP = re.compile(r"\^\s*(\{|\\?[A-Za-z0-9.]+)")
+_FACT = re.compile(r"(\d+)\s*!")
+
+def too_big(s: str) -> bool:
+    "Would parsing/evaluating `s` risk a huge computation: an exponent tower, a >4-digit exponent, n! for n > 1000, deep nesting?"
+    if len(s) > MAX_ANSWER or re.search(r"\d{301}", s): return True
+    depth = peak = 0
+    for ch in s:
+        depth += (ch in "([{") - (ch in ")]}")
+        peak = max(peak, depth)
+    if peak > 30: return True
+    pairs = _brace_pairs(s) if "{" in s else {}
+    for m in _EXP.finditer(s):
+        e = s[m.end(1):pairs.get(m.start(1), m.start(1))] if m.group(1) == "{" else m.group(1)
+        if m.group(1) == "{" and m.start(1) not in pairs: return True
+        if "^" in e or "!" in e or "\\uparrow" in e or len(re.findall(r"\d", e)) > 4: return True
+    return any(len(f) > 3 for f in _FACT.findall(s))
+
+# %% ../nbs/01_verifier.ipynb #714cf6e3
+_MV = {}  # math-verify's functions and config, imported once per process
+
+def _mv():
+    if not _MV:
+        logging.getLogger("math_verify").setLevel(logging.CRITICAL)  # it warns when its own (signal) timeout is off
+        from math_verify import LatexExtractionConfig, parse, verify
+        _MV.update(parse=parse, verify=verify, cfg=[LatexExtractionConfig(boxed_match_priority=0)])
+    return _MV
+
+@lru_cache(maxsize=4096)
+def _parse_latex(s: str):
+    mv = _mv()
+    return tuple(mv["parse"](f"${s}$", extraction_config=mv["cfg"], parsing_timeout=None))
+
+def symbolic_equal(preds: list[str], # normalized forms of the prediction
+                   golds: list[str]) -> bool: # normalized forms of the gold answer
+    "Is some form of the prediction equivalent to some form of the gold answer, by math-verify (LaTeX parser only)?"
+    mv = _mv()
+    for g in golds:
+        pg = _parse_latex(g)
+        if not pg: continue
+        for p in preds:
+            pp = _parse_latex(p)
+            if pp and mv["verify"](list(pg), list(pp), timeout_seconds=None, allow_set_relation_comp=True): return True
+    return False
+
+def _dollars(s: str) -> str:
+    "`s` wrapped in `$...$` if it is a bare answer without delimiters (math-verify's README wraps its inputs so)"
+    has = any(t in s for t in ("$", "\\boxed", "\\fbox", "\\(", "\\[", "####"))
+    return s if has or not looks_bare(s) else f"${s}$"
+
+def plain_math_verify(pred: str, gold: str) -> bool:
+    "Plain math-verify with its default settings: `verify(parse(gold), parse(pred))`, bare answers wrapped in `$...$`"
+    from math_verify import parse, verify
+    return bool(verify(parse(_dollars(gold)), parse(_dollars(pred))))
+
+# %% ../nbs/01_verifier.ipynb #e1398d46
+HARD_MARGIN = 0.5  # seconds a worker may overrun its soft deadline before it is killed
+WORKER_MEMORY = 2 << 30  # bytes of address space a worker may add to what it inherits
+
+class _Deadline(BaseException):
+    "The worker's soft deadline (a BaseException, so library code that catches Exception cannot swallow it)"
+
+def _on_alarm(signum, frame): raise _Deadline()
+
+def _limit_memory(extra: int):
+    try:
+        import resource
+        with open("/proc/self/statm") as f: vm = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+        lim = vm + extra if hard == resource.RLIM_INFINITY else min(vm + extra, hard)
+        resource.setrlimit(resource.RLIMIT_AS, (lim, hard))
+    except (OSError, ValueError, ImportError): pass
+
+_JOBS = {"ours": symbolic_equal, "plain": lambda preds, golds: plain_math_verify(preds[0], golds[0])}
+
+def _run_job(job) -> bool | None:
+    "Run one (kind, preds, golds, soft_timeout) job; None if the soft deadline passed"
+    kind, preds, golds, soft = job
+    if kind == "ours": signal.setitimer(signal.ITIMER_REAL, max(soft, 0.01))  # "plain" sets its own alarms
+    try: return bool(_JOBS[kind](preds, golds))
+    except _Deadline: return None
+    except (Exception, RecursionError, MemoryError): return False
+    finally: signal.setitimer(signal.ITIMER_REAL, 0)
+
+def _serve(conn, parent_end=None):
+    "A worker's main loop: answer jobs from `conn` until it closes"
+    if parent_end is not None: parent_end.close()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGALRM, _on_alarm)
+    _limit_memory(WORKER_MEMORY)
+    sys.setrecursionlimit(5000)
+    while True:
+        try: job = conn.recv()
+        except (EOFError, OSError): return
+        try: res = _run_job(job)
+        except _Deadline: res = None
+        conn.send(res)
+
+# %% ../nbs/01_verifier.ipynb #cd814de2
+def _warm_up():
+    "Import math-verify and parse once in this process, so that forked workers start warm"
+    if "warm" not in _MV: symbolic_equal(["\\frac{1}{2}"], ["0.5"]); _MV["warm"] = True
+
+class SymbolicPool:
+    "Worker processes that run symbolic checks under a hard time limit; a worker that overruns is killed and replaced"
+    def __init__(self, n: int = 1, # worker processes (checks run in parallel up to this many)
+                 method: str | None = None): # multiprocessing start method; default fork on Linux, else spawn
+        self.method = method or ("fork" if sys.platform == "linux" else "spawn")
+        self.ctx, self.workers, self.pid = mp.get_context(self.method), [None] * max(1, n), os.getpid()
+        self.lock, self.kills, self.jobs = threading.Lock(), 0, 0
+
+    def resize(self, n: int):
+        "Allow up to `n` workers (never shrinks)"
+        with self.lock: self.workers += [None] * max(0, n - len(self.workers))
+
+    def _start(self, i: int):
+        if self.method == "fork": _warm_up()
+        a, b = self.ctx.Pipe()
+        p = self.ctx.Process(target=_serve, args=(b, a if self.method == "fork" else None), name=f"bppo-verifier-{i}",
+                             daemon=not mp.current_process().daemon)
+        p.start(); b.close()
+        self.workers[i] = (p, a)
+
+    def _kill(self, i: int):
+        w, self.workers[i] = self.workers[i], None
+        if w is None: return
+        p, conn = w
+        try: p.kill(); p.join(1.0)
+        except (OSError, ValueError, AssertionError): pass
+        conn.close()
+
+    def _alive(self, i: int) -> bool: return self.workers[i] is not None and self.workers[i][0].is_alive()
+
+    def run(self, jobs: list[tuple], # (kind, pred forms, gold forms) with kind "ours" or "plain"
+            timeout: float = 2.0) -> list[bool | None]: # seconds per job
+        "Verdicts of `jobs` in order: True/False, or None for a job that overran (its worker is killed)"
+        with self.lock:
+            if os.getpid() != self.pid:  # we are a forked copy: the workers belong to our parent
+                self.workers, self.pid = [None] * len(self.workers), os.getpid()
+            results, todo, busy = [None] * len(jobs), deque(range(len(jobs))), {}  # worker -> (job, deadline)
+            while todo or busy:
+                for i in range(len(self.workers)):
+                    if i in busy or not todo: continue
+                    j = todo.popleft()
+                    if not self._alive(i): self._kill(i); self._start(i)
+                    try: self.workers[i][1].send((*jobs[j], timeout))
+                    except (OSError, ValueError): self._kill(i); continue  # died between check and send: no verdict
+                    busy[i] = (j, time.monotonic() + timeout + HARD_MARGIN)
+                    self.jobs += 1
+                if not busy: continue
+                wait_s = max(0.0, min(d for _, d in busy.values()) - time.monotonic())
+                ready = set(_wait_conns([self.workers[i][1] for i in busy], timeout=wait_s))
+                for i in list(busy):
+                    if self.workers[i][1] in ready:
+                        j, _ = busy.pop(i)
+                        try: results[j] = self.workers[i][1].recv()
+                        except (EOFError, OSError): self._kill(i)  # crashed (e.g. a native stack overflow)
+                now = time.monotonic()
+                for i, (j, d) in list(busy.items()):
+                    if now >= d: busy.pop(i); self._kill(i); self.kills += 1
+            return results
+
+    def close(self):
+        "Stop all workers"
+        with self.lock:
+            for i in range(len(self.workers)): self._kill(i)
+
+_POOLS: dict[int, SymbolicPool] = {}
+
+def get_pool(n: int = 1) -> SymbolicPool:
+    "This process's shared pool, with room for at least `n` workers"
+    pool = _POOLS.get(os.getpid())
+    if pool is None:
+        _POOLS.clear()
+        pool = _POOLS[os.getpid()] = SymbolicPool(n)
+    elif len(pool.workers) < n: pool.resize(n)
+    return pool
+
+@atexit.register
+def _close_pools():
+    for p in list(_POOLS.values()): p.close()
+
+# %% ../nbs/01_verifier.ipynb #c4d62763
+ANCHORED = ("hash", "boxed", "phrase")
+FORMAT_RULES = ("answer", "single", "think")
+_THINK = re.compile(r"\s*<think>.{0,%d}?</think>" % MAX_CHARS, re.S)
+
+class _LRU:
+    "A small thread-safe least-recently-used cache"
+    def __init__(self, maxsize: int): self.d, self.maxsize, self.hits, self.lock = OrderedDict(), maxsize, 0, threading.Lock()
+    def get(self, k):
+        with self.lock:
+            if k in self.d: self.d.move_to_end(k); self.hits += 1; return self.d[k]
+    def put(self, k, v):
+        with self.lock:
+            self.d[k] = v; self.d.move_to_end(k)
+            if len(self.d) > self.maxsize: self.d.popitem(last=False)
+
+CACHE = _LRU(100_000)  # (pred forms, gold forms) -> symbolic verdict
+
+def check_format(text: str, how: str | None, rule: str = "answer") -> bool:
+    "Does `text` (already cleaned) meet the format `rule`, given how its answer was found?"
+    if rule == "answer": return how in ANCHORED
+    if rule == "single":
+        n = len(_HASH.findall(text)) + len(_BOX.findall(text))
+        return how in ANCHORED and (n == 1 or (n == 0 and len(_PHRASE.findall(text)) == 1))
+    if rule == "think":
+        return bool(_THINK.match(text)) and text.count("</think>") == 1 and how in ANCHORED
+    raise ValueError(f"unknown format_rule {rule!r}; choose from {', '.join(FORMAT_RULES)}")
+
+def _prepare(completion, gold, task: str, format_rule: str):
+    "(extracted, format_ok, verdict-or-None, job) for one pair; the job is what a worker must decide when the verdict is None"
+    if task not in TASK_POLICIES: raise ValueError(f"unknown task {task!r}; choose from {', '.join(TASK_POLICIES)}")
+    if format_rule not in FORMAT_RULES: raise ValueError(f"unknown format_rule {format_rule!r}; choose from {', '.join(FORMAT_RULES)}")
+    pol, text = TASK_POLICIES[task], clean_text(completion)
+    part = text.rsplit("</think>", 1)[-1] if format_rule == "think" else text
+    pred, how = extract_answer(part, pol.last_number, bare=pol.bare)
+    fmt = check_format(text, how, format_rule)
+    if pred is None: return None, fmt, False, None
+    g = gold_answer(gold, task)
+    verdict = quick_equal(pred, g)
+    if verdict is not None: return pred, fmt, verdict, None
+    ps, gs = answer_forms(pred, g), answer_forms(g, pred)
+    if any(too_big(x) for x in ps + gs): return pred, fmt, False, None
+    return pred, fmt, None, ("ours", tuple(ps), tuple(gs))
+
+def _reward(ok: bool, fmt: bool, correct_weight: float, format_weight: float) -> float:
+    return float(correct_weight * ok + (format_weight if fmt else -format_weight))
 
 def score(completion: str, # the model's whole response, or a bare answer
-          gold: str, # the reference answer (bare, `#### N`, or a solution with `\boxed{}`)
+          gold: str, # the reference answer (bare, `#### N`, a solution with `\boxed{}`, or a number)
           task: str = "auto", # extraction policy: a key of `TASK_POLICIES`
-          *, timeout: float = 2.0, # seconds allowed for symbolic checks (unused by the exact path)
-          format_weight: float = 0.0) -> Score: # reward added for a well-formed answer, subtracted otherwise
+          *, timeout: float = 2.0, # seconds allowed for the symbolic check (hard limit: + `HARD_MARGIN`)
+          format_weight: float = 0.0, # reward added for a well-formed answer, subtracted otherwise
+          format_rule: str = "answer", # what well-formed means: one of `FORMAT_RULES`
+          correct_weight: float = 1.0) -> Score: # reward for a correct answer
     "Grade `completion` against `gold`"
-    if task not in TASK_POLICIES: raise ValueError(f"unknown task {task!r}; choose from {', '.join(TASK_POLICIES)}")
-    pred, how = extract_answer(completion or "", last_number=TASK_POLICIES[task])
-    fmt = how in ("hash", "boxed")
-    ok = pred is not None and answers_equal(pred, gold_answer(gold))
-    reward = float(ok) + (format_weight if fmt else -format_weight)
-    return Score(ok, reward, pred, fmt)
+    pred, fmt, ok, job = _prepare(completion, gold, task, format_rule)
+    if job is not None:
+        ok = CACHE.get(job)
+        if ok is None:
+            ok = bool(get_pool(1).run([job], timeout)[0])  # an overrun counts as wrong
+            CACHE.put(job, ok)
+    return Score(bool(ok), _reward(ok, fmt, correct_weight, format_weight), pred, fmt)
 
-# %% ../nbs/01_verifier.ipynb #5b22316d
-def reward_fn(completions: list[str], # one response per sample
-              answer: list[str], # the gold answers, aligned with `completions`
-              task: str = "auto", # extraction policy
+# %% ../nbs/01_verifier.ipynb #7650aa29
+DEFAULT_WORKERS = max(1, min(4, os.cpu_count() or 1))
+
+def score_batch(completions: list[str], # one response per sample
+                golds: list, # the gold answers, aligned with `completions`
+                task: str | list[str] = "auto", # one policy for all, or one per sample
+                *, timeout: float = 2.0, # seconds per symbolic check
+                format_weight: float = 0.0, format_rule: str = "answer", correct_weight: float = 1.0,
+                workers: int | None = None) -> list[Score]: # worker processes (default `DEFAULT_WORKERS`)
+    "Scores for a batch: fast path in-process, the distinct symbolic checks in parallel worker processes"
+    if len(completions) != len(golds): raise ValueError(f"{len(completions)} completions but {len(golds)} answers")
+    tasks = list(task) if isinstance(task, (list, tuple)) else [task] * len(completions)
+    if len(tasks) != len(completions): raise ValueError(f"{len(tasks)} tasks for {len(completions)} completions")
+    prep = [_prepare(c, g, t, format_rule) for c, g, t in zip(completions, golds, tasks)]
+    todo = list(dict.fromkeys(p[3] for p in prep if p[3] is not None and CACHE.get(p[3]) is None))
+    if todo:
+        n = workers or DEFAULT_WORKERS
+        for job, r in zip(todo, get_pool(n).run(todo, timeout)): CACHE.put(job, bool(r))
+    out = []
+    for pred, fmt, ok, job in prep:
+        if job is not None:
+            ok = CACHE.get(job)
+            if ok is None: ok = bool(get_pool(1).run([job], timeout)[0])  # evicted meanwhile (tiny cache)
+        out.append(Score(bool(ok), _reward(ok, fmt, correct_weight, format_weight), pred, fmt))
+    return out
+
+def _content(c) -> str:
+    "The text of a completion given as a string or as chat messages (TRL's conversational format)"
+    if isinstance(c, str): return c
+    if isinstance(c, dict): c = [c]
+    if isinstance(c, (list, tuple)) and c:
+        m = c[-1].get("content", "") if isinstance(c[-1], dict) else c[-1]
+        if isinstance(m, list): m = "".join(p.get("text", "") for p in m if isinstance(p, dict))
+        return m if isinstance(m, str) else ""
+    return ""
+
+def reward_fn(completions: list, # one response per sample: a string or a list of chat messages
+              answer: list, # the gold answers, aligned with `completions`
+              task: str | list[str] = "auto", # extraction policy, or a per-sample column
               **kwargs) -> list[float]:
     "Rewards for a batch, with TRL's reward-function signature (extra columns arrive as keyword arguments)"
     if len(completions) != len(answer): raise ValueError(f"{len(completions)} completions but {len(answer)} answers")
-    texts = [c if isinstance(c, str) else c[-1]["content"] for c in completions]  # TRL passes chat messages for chat data
-    return [score(c, a, task).reward for c, a in zip(texts, answer)]
+    opts = {k: kwargs[k] for k in ("timeout", "format_weight", "format_rule", "correct_weight", "workers") if k in kwargs}
+    return [s.reward for s in score_batch([_content(c) for c in completions], list(answer), task, **opts)]
+
+# %% ../nbs/01_verifier.ipynb #d5241ba5
+TRICKY_CASES = [  # (gold, prediction, correct?)
+    # integers, separators, signs
+    ("1234", "1,234", True), ("1,234", "1234", True), ("1000000", "1,000,000", True), ("10080", "10,\\!080", True),
+    ("11,\\! 111,\\! 111,\\! 100", "11111111100", True), ("-5", "−5", True), ("5", "-5", False), ("0", "-0", True),
+    ("7", "07", True), ("12", "21", False), ("100", "1000", False), ("58,500", "58500", True),
+    # decimals
+    ("3", "3.0", True), ("3", "3.00", True), ("0.5", ".5", True), ("0.5", "0.50", True), ("2.5", "2.05", False),
+    (".0000672", "0.0000672", True), ("3.21", "3.210", True), ("4.5", "4.6", False),
+    # fractions and mixed numbers
+    ("1.25", "1\\frac{1}{4}", True), ("326.5", "326\\frac{1}{2}", True), ("\\frac{9}{4}", "2\\frac{1}{4}", True),
+    ("137 \\frac{1}{2}", "137.5", True), ("1\\frac{4}{5}", "\\frac{9}{5}", True), ("\\frac{1}{2}", "0.5", True),
+    ("\\frac12", "1/2", True), ("\\frac{3}{4}", "\\frac{6}{8}", True), ("\\dfrac{17}{50}", "0.34", True),
+    ("\\frac{3}{2}", "1.5", True), ("\\frac{1}{8}", "0.125", True), ("-\\frac{1}{2}", "\\frac{-1}{2}", True),
+    ("-\\frac{1}{2}", "-0.5", True), ("\\frac{1}{2}", "\\frac{2}{1}", False), ("\\frac{1}{3}", "0.3", False),
+    ("\\frac{270}7\\text{ degrees}", "\\frac{270}{7}", True), ("\\frac 59", "\\frac{5}{9}", True),
+    ("\\frac9{19}", "9/19", True), ("\\frac43", "\\tfrac{4}{3}", True), ("2/4", "1/2", True), ("\\frac{3}{56}", "\\frac{3}{65}", False),
+    # percent
+    ("50\\%", "50", True), ("50", "50\\%", True), ("50\\%", "0.5", True), ("25\\%", "25 percent", True),
+    ("0.25", "25\\%", True), ("12.5\\%", "12.5", True), ("50\\%", "5", False), ("20", "0.2", False),
+    # money and units
+    ("18", "\\$18", True), ("18.90", "\\$18.90", True), ("\\$18.90", "18.9", True), ("\\$32,\\!348", "32348", True),
+    ("\\$36", "36 dollars", True), ("5.4 \\text{ cents}", "5.4", True), ("864 \\mbox{ inches}^2", "864", True),
+    ("15\\mbox{ cm}^2", "15 \\text{ cm}^2", True), ("15\\mbox{ cm}^2", "15", True), ("5", "5 \\text{ cm}", True),
+    ("5", "5\\text{cm}", True), ("60", "60 \\text{ minutes}", True), ("8", "8 \\text{ units}", True),
+    ("8", "9 \\text{ units}", False),
+    # degrees
+    ("90^\\circ", "90", True), ("90", "90^{\\circ}", True), ("30^\\circ", "30°", True),
+    ("120^\\circ", "120 \\text{ degrees}", True), ("75^\\circ", "57^\\circ", False),
+    # words, names, multiple choice
+    ("\\text{Evelyn}", "Evelyn", True), ("\\text{Evelyn}", "\\text{evelyn}", True), ("\\text{east}", "East", True),
+    ("\\text{even}", "\\text{odd}", False), ("\\text{Navin}", "Navin", True), ("\\text{Navin}", "Luka", False),
+    ("\\text{(C)}", "C", True), ("\\text{(C)}", "(C)", True), ("\\text{(C)}", "\\textbf{(C)}", True),
+    ("\\text{(E)}", "(B)", False), ("\\text{(B)}", "B", True), ("(C)", "\\text{C}", True), ("\\text{yes}", "Yes", True),
+    ("\\text{no}", "yes", False), ("\\text{ellipse}", "\\text{parabola}", False),
+    # roots and pi
+    ("\\frac{\\sqrt{2}}{2}", "\\frac{1}{\\sqrt{2}}", True), ("2\\sqrt{2}", "\\sqrt{8}", True),
+    ("3\\sqrt{13}", "\\sqrt{117}", True), ("11\\sqrt2", "11\\sqrt{2}", True), ("\\sqrt{5}", "\\sqrt 5", True),
+    ("\\sqrt{3}", "3", False), ("\\frac{\\sqrt{3}}{3}", "\\frac{1}{\\sqrt{3}}", True),
+    ("\\frac{\\sqrt{3}}{3}", "\\frac{\\sqrt{3}}{2}", False), ("-\\sqrt{3}", "\\sqrt{3}", False),
+    ("\\frac{\\sqrt{21}}{5}", "\\sqrt{21}/5", True), ("\\frac{3\\sqrt{3}}{4}", "\\frac{3}{4}\\sqrt{3}", True),
+    ("2\\sqrt{113}", "\\sqrt{452}", True), ("7\\pi", "7 \\pi", True), ("12\\pi", "12", False),
+    ("288 \\pi", "288\\pi", True), ("\\frac{20000}{\\pi}", "20000/\\pi", True), ("18+2\\pi", "2\\pi+18", True),
+    ("-\\frac{\\pi}{6}", "-\\pi/6", True), ("\\pi", "3.14", False), ("\\sqrt{2}", "sqrt(2)", True),
+    ("\\frac{\\sqrt{2}}{2}", "sqrt(2)/2", True), ("2\\pi", "2pi", True), ("2\\pi", "2π", True),
+    ("\\infty", "∞", True), ("1+2\\sqrt{3}", "2\\sqrt{3}+1", True), ("11 \\sqrt{5} + 11", "11(1+\\sqrt5)", True),
+    # expressions
+    ("x^2+2x+1", "(x+1)^2", True), ("p - q", "-q + p", True), ("p - q", "q - p", False), ("2k+2", "2(k+1)", True),
+    ("-13x+3", "3-13x", True), ("6r^2-4r-24", "2(3r^2-2r-12)", True), ("(a+5)(b+2)", "(b+2)(a+5)", True),
+    ("(a+5)(b+2)", "ab+2a+5b+10", True), ("x^5 - x^4 + x^3 - x^2 + x - 1", "x^5-x^4+x^3-x^2+x+1", False),
+    ("\\cot x", "\\frac{\\cos x}{\\sin x}", True), ("\\frac{11+9a}{20}", "\\frac{9a+11}{20}", True),
+    ("5r^5", "5r^{5}", True), ("8n^2 + 4n + 1", "8n^2+4n+1", True), ("2x+3", "2x + 4", False), ("x+1", "1+x", True),
+    ("15x - 80", "5(3x-16)", True), ("2k", "k+k", True),
+    # evaluated forms
+    ("3", "\\log_2 8", True), ("1024", "2^{10}", True), ("120", "5!", True), ("10", "\\binom{5}{2}", True),
+    ("162", "2 \\cdot 3^4", True), ("1500", "1.5\\times 10^3", True), ("300000000", "3 \\times 10^{8}", True),
+    # equations
+    ("x=5", "5", True), ("5", "x=5", True), ("5", "x = 5", True), ("x=5", "x=6", False), ("y = 2x + 3", "y=3+2x", True),
+    ("y = 2x + 3", "2x+3", True), ("y = -2x", "y=-2x", True), ("y = -2x", "y=2x", False),
+    ("5x - 7y + 11z + 4 = 0", "5x-7y+11z+4=0", True), ("k=3", "3", True), ("3", "k = 4", False),
+    # complex numbers
+    ("6 - 5i", "6-5i", True), ("-2 + 7i", "7i-2", True), ("1+274i", "1 + 274 i", True), ("1+2i", "1-2i", False),
+    ("1 - 12i", "1-12i", True),
+    # tuples, points, vectors, matrices
+    ("(6,31,-1)", "(6, 31, -1)", True), ("(-2,1)", "(1,-2)", False), ("(15,-29)", "\\left(15, -29\\right)", True),
+    ("\\left( 3, \\frac{\\pi}{2} \\right)", "(3,\\pi/2)", True), ("\\left( \\frac{3}{2}, -13 \\right)", "(1.5,-13)", True),
+    ("(1,-16,-4,43)", "(1, -16, -4, 43)", True), ("(8,-2)", "(8,2)", False), ("(2,4)", "(2, 4)", True),
+    ("\\begin{pmatrix} -1/3 \\\\ 2/3 \\\\ 5/3 \\end{pmatrix}", "\\begin{pmatrix} -\\frac{1}{3} \\\\ \\frac{2}{3} \\\\ \\frac{5}{3} \\end{pmatrix}", True),
+    ("\\begin{pmatrix} -2 \\\\ -14 \\\\ -7 \\end{pmatrix}", "\\begin{bmatrix} -2 \\\\ -14 \\\\ -7 \\end{bmatrix}", True),
+    ("\\begin{pmatrix} -1 & 0 \\\\ 0 & -1 \\end{pmatrix}", "\\begin{pmatrix}-1&0\\\\0&-1\\end{pmatrix}", True),
+    ("\\begin{pmatrix} -1 & 0 \\\\ 0 & -1 \\end{pmatrix}", "\\begin{pmatrix}1&0\\\\0&1\\end{pmatrix}", False),
+    ("\\begin{pmatrix} 1/5 \\\\ -18/5 \\end{pmatrix}", "\\begin{pmatrix} 0.2 \\\\ -3.6 \\end{pmatrix}", True),
+    ("\\begin{pmatrix} -7 \\\\ 16 \\\\ 5 \\end{pmatrix}", "\\begin{pmatrix} -7 \\\\ 5 \\\\ 16 \\end{pmatrix}", False),
+    # intervals and inequalities
+    ("(3,4]", "(3, 4]", True), ("(3,4]", "[3,4]", False), ("(2,\\infty)", "(2, \\infty)", True),
+    ("(2,\\infty)", "x > 2", True), ("(-\\infty, 0]", "x \\le 0", True), ("(-\\infty, 0]", "(-\\infty, 0)", False),
+    ("(-\\infty, 2) \\cup (3, \\infty)", "(3,\\infty) \\cup (-\\infty,2)", True), ("(0,9) \\cup (9,36)", "(0,36)", False),
+    ("x \\in [-2,7]", "[-2,7]", True), ("x \\in [-2,7]", "-2 \\le x \\le 7", True),
+    ("\\left(\\frac{3}{5},\\frac{8}{3}\\right]", "(0.6, 8/3]", True), ("(-\\sqrt{3}, \\sqrt{3})", "(-\\sqrt3,\\sqrt3)", True),
+    ("[2,5]", "[2,5)", False),
+    # sets and lists of solutions
+    ("1,-2", "-2, 1", True), ("3, 5, 7", "7, 5, 3", True), ("3, 5, 7", "3, 5", False), ("-2,1", "x=-2, x=1", True),
+    ("-2,1", "x = -2 \\text{ or } x = 1", True), ("\\{1\\pm\\sqrt{5},-2\\}", "-2, 1+\\sqrt{5}, 1-\\sqrt{5}", True),
+    ("1 \\pm \\sqrt{19}", "1+\\sqrt{19}, 1-\\sqrt{19}", True), ("3 \\pm 2 \\sqrt{2}", "3+2\\sqrt2,3-2\\sqrt2", True),
+    ("3 \\pm 2 \\sqrt{2}", "3+2\\sqrt2", False), ("\\{1,2\\}", "\\{2,1\\}", True), ("2, 3", "2 and 3", True),
+    # number bases
+    ("52_8", "52", True), ("52_8", "52_{8}", True), ("4210_{5}", "4210_5", True), ("2516_8", "2516", True), ("40_9", "36", False),
+    # gold conventions of AIME, AMC, GSM8K
+    ("025", "25", True), ("025", "\\boxed{25}", True), ("025", "250", False), ("27.0", "27", True), ("27.0", "\\boxed{27}", True),
+    ("36.0", "35", False), ("Natalia sold 48/2 = <<48/2=24>>24 clips.\n#### 72", "72", True), ("#### 1,234", "1234", True),
+    ("#### 18", "The answer is 18 dollars.", True),
+    # whole responses: where is the answer?
+    ("\\frac{1}{2}", "So the probability is $\\boxed{\\frac{1}{2}}$.", True),
+    ("\\frac{1}{2}", "First $\\boxed{1}$, which is wrong; recomputing gives $\\boxed{\\dfrac{1}{2}}$.", True),
+    ("7", "Adding up: 3 + 4 = 7.\nThe answer is 7.", True), ("7", "The final answer is $7$.", True), ("7", "Answer: 7", True),
+    ("7", "\\fbox{7}", True), ("7", "$\\boxed 7$", True), ("12", "I first thought 12, but the answer is \\boxed{10}.", False),
+    ("\\frac{\\sqrt{3}}{2}", "\\[ \\boxed{\\dfrac{\\sqrt{3}}{2}} \\]", True),
+    ("(1,2)", "The point is $\\boxed{\\left(1, 2\\right)}$.", True), ("42", "She earns 6 * 7 = 42 dollars per week.", True),
+    ("72", "48/2 = <<48/2=24>>24 clips in May, 48+24 = <<48+24=72>>72 in total.\n#### 72", True), ("72", "#### 72.", True),
+    ("72", "#### $72", True), ("1234", "#### 1,234", True), ("8", "The answer is: $\\boxed{8}$", True),
+    ("\\frac{1}{2}", "Hence the value is \\(\\frac{1}{2}\\).", True), ("x^2+1", "\\boxed{x^2+1}", True),
+    ("5", "\\boxed{x = 5}", True), ("\\text{(B)}", "The correct option is \\boxed{B}.", True),
+    ("\\text{(B)}", "The answer is (B).", True), ("3", "\\boxed{\\boxed{3}}", True), ("10", "The answer is $\\boxed{10\\%}$", True),
+    ("2", "There are 2 ways... no, 3 ways. So \\boxed{3}", False), ("\\frac{1}{2}", "\\boxed{\\frac{1}{2}} \\boxed{\\frac{1}{3}}", False),
+    # no answer, hostile answers
+    ("7", "", False), ("7", "I don't know.", False), ("7", "\\boxed{}", False),
+    ("7", "\\boxed{__import__('os').system('echo hi')}", False), ("7", "\\boxed{10^{10^{10^{10}}}}", False),
+    ("10^{10^{10}}", "\\boxed{10^{10^{10}}}", True), ("0", "\\boxed{0}", True), ("0", "\\boxed{O}", False),
+]
+
+def agreement(cases=None, # (gold, prediction, expected) rows; default `TRICKY_CASES`
+              plain: bool = False, # grade with plain math-verify instead of `score`
+              timeout: float = 2.0, workers: int | None = None) -> tuple[float, list]:
+    "Fraction of `cases` graded as expected, and the rows that were not"
+    cases = TRICKY_CASES if cases is None else cases
+    if plain: got = [bool(r) for r in get_pool(workers or DEFAULT_WORKERS).run([("plain", (p,), (g,)) for g, p, _ in cases], timeout)]
+    else: got = [s.correct for s in score_batch([p for _, p, _ in cases], [g for g, _, _ in cases], timeout=timeout, workers=workers)]
+    wrong = [(g, p, e) for (g, p, e), r in zip(cases, got) if r != e]
+    return 1 - len(wrong) / len(cases), wrong
