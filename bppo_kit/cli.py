@@ -18,8 +18,8 @@ from .policy import load_policy
 from .rollout import SamplingParams
 
 # %% auto #0
-__all__ = ['COMMANDS', 'seed_everything', 'cmd_eval', 'cmd_sft', 'cmd_train', 'cmd_compare', 'cmd_plot', 'build_parser',
-           'shorthand_overrides', 'main']
+__all__ = ['COMMANDS', 'seed_everything', 'cmd_eval', 'cmd_sft', 'cmd_train', 'cmd_compare', 'cmd_probe', 'cmd_plot',
+           'build_parser', 'shorthand_overrides', 'main']
 
 # %% ../nbs/12_cli.ipynb #5b7f3859
 def seed_everything(seed: int):
@@ -78,6 +78,23 @@ def cmd_compare(args, cfg: Config) -> int:
     print((Path(args.out) / "report.md").read_text())
     return 0
 
+def cmd_probe(args, cfg: Config) -> int:
+    from bppo_kit.gradsim import plot_probe, probe
+    from bppo_kit.rollout import HFEngine
+    seed_everything(cfg.train.seed)
+    ex = eval_examples(cfg)[:args.prompts]
+    model, tok = load_policy(args.checkpoint or cfg.model.name_or_path, "float32")
+    r = cfg.rollout
+    res = probe(model, tok, ex, HFEngine(model, tok, progress=not args.quiet), r.group_size,
+                SamplingParams(r.temperature, r.top_p, r.top_k, r.max_new_tokens, seed=cfg.train.seed, logprobs=False))
+    summary = {k: v for k, v in res.items() if k not in ("pairs", "groups")}
+    for k, v in summary.items(): print(f"{k:>16}  {_fmt(v)}")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(res, indent=1) + "\n")
+        plot_probe(res, Path(args.json).with_suffix(".png"))
+    return 0
+
 def cmd_plot(args, cfg: Config) -> int:
     from bppo_kit.trainer import plot_run
     for r in args.runs:
@@ -119,6 +136,11 @@ def build_parser() -> argparse.ArgumentParser:
     cp.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 for every variant")
     cp.add_argument("--steps", type=int, help="train.steps")
     cp.add_argument("--out", default="runs/compare", help="the comparison folder")
+    pr = sub.add_parser("probe", help="gradient similarity of same-label vs cross-label completions (BPPO's premise)")
+    _common(pr)
+    pr.add_argument("--checkpoint", help="a checkpoint folder or hub id (default: the config's model)")
+    pr.add_argument("--prompts", type=int, default=32, help="eval prompts to sample groups for")
+    pr.add_argument("--json", help="write the statistics (and a PNG beside it)")
     pl = sub.add_parser("plot", help="draw a run's curves (several runs are overlaid)")
     pl.add_argument("runs", nargs="+", help="run folders")
     pl.add_argument("--png", help="output PNG (default RUN/curves.png)")
@@ -131,7 +153,7 @@ def shorthand_overrides(args) -> list[str]:
              ("train.out", "out"), ("train.save_every", "save_every")]
     return [f"{k}={getattr(args, a)}" for k, a in pairs if getattr(args, a, None) is not None]
 
-COMMANDS = {"eval": cmd_eval, "sft": cmd_sft, "train": cmd_train, "compare": cmd_compare, "plot": cmd_plot}
+COMMANDS = {"eval": cmd_eval, "sft": cmd_sft, "train": cmd_train, "compare": cmd_compare, "probe": cmd_probe, "plot": cmd_plot}
 
 def main(argv: list[str] | None = None) -> int:
     "Entry point of the `bppo` command; returns the exit code"

@@ -119,7 +119,7 @@ def compare(base: Config, # the shared config (steps, eval size, …)
     cfgs = {(v, s): variant_config(base, v, s, out) for v in variants for s in seeds}  # all configs checked up front
     for (v, s), c in cfgs.items():
         run = Path(c.train.out)
-        if (run / "eval.jsonl").exists() and len(read_jsonl_rows(run / "metrics.jsonl")) >= c.train.steps: continue
+        if any(e["step"] == c.train.steps for e in read_jsonl_rows(run / "eval.jsonl")): continue  # finished, final eval included
         resume = (run / "checkpoint" / "trainer_state.pt").exists()
         if progress: print(f"== {v} seed {s} -> {run}", flush=True)
         train(c, resume=resume, overwrite=not resume, progress=progress)

@@ -281,7 +281,7 @@ def train(cfg: Config, # the validated config
             if flag["stop"]: raise KeyboardInterrupt
     finally: restore()  # a second Ctrl-C leaves mid-step without saving: the weights may hold part of a step
     if done > start or not ckpt.exists(): save_checkpoint(run, model, tok, opt, done)
-    if evaluate_every and done == t.steps and done > start: log_eval(done)
+    if evaluate_every and done == t.steps and not any(e["step"] == done for e in evals): log_eval(done)  # also after a crash in it
     return dict(run_dir=str(run), steps=done, seconds=round(time.time() - t_run, 1),
                 first_eval=evals[0] if evals else None, last_eval=evals[-1] if evals else None)
 

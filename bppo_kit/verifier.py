@@ -7,6 +7,7 @@ Docs: https://bppo-kit.github.io/bppo_kit/verifier.html.md"""
 # %% ../nbs/01_verifier.ipynb #64bdfe68
 from __future__ import annotations
 import atexit
+import importlib.util
 import logging
 import multiprocessing as mp
 import os
@@ -15,6 +16,7 @@ import signal
 import sys
 import threading
 import time
+import warnings
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 from fractions import Fraction
@@ -25,8 +27,8 @@ from multiprocessing.connection import wait as _wait_conns
 __all__ = ['MAX_CHARS', 'MAX_ANSWER', 'TASK_POLICIES', 'HARD_MARGIN', 'WORKER_MEMORY', 'ANCHORED', 'FORMAT_RULES', 'CACHE',
            'DEFAULT_WORKERS', 'TRICKY_CASES', 'Score', 'clean_text', 'last_boxed', 'looks_bare', 'extract_answer',
            'Policy', 'gold_answer', 'normalize_answer', 'to_number', 'answer_forms', 'numbers_equal', 'quick_equal',
-           'too_big', 'symbolic_equal', 'plain_math_verify', 'SymbolicPool', 'get_pool', 'check_format', 'score',
-           'score_batch', 'reward_fn', 'agreement']
+           'too_big', 'symbolic_equal', 'plain_math_verify', 'have_math_verify', 'SymbolicPool', 'get_pool',
+           'check_format', 'score', 'score_batch', 'reward_fn', 'agreement']
 
 # %% ../nbs/01_verifier.ipynb #979b7d17
 @dataclass(frozen=True)
@@ -78,11 +80,12 @@ def last_boxed(text: str) -> str | None:
 
 # %% ../nbs/01_verifier.ipynb #5ae1e95e
 _HASH = re.compile(r"####[ \t]*([^\n]{0,300})")
-_PHRASE = re.compile(r"(?i)\b(?:the\s+)?(?:final\s+)?answer\s*(?:is\s*:?|:|=)[ \t]*([^\n]{0,300})")
-_SPAN = re.compile(r"\$\$(.{1,1000}?)\$\$|\$(.{1,1000}?)\$|\\\((.{1,1000}?)\\\)|\\\[(.{1,1000}?)\\\]", re.S)
+_PHRASE = re.compile(r"(?im)(?:\b(?:the|my)\s+(?:final\s+)?answer\s+is\b\s*:?|\bfinal\s+answer\s*(?:is\b|:)\s*:?"
+                     r"|^[ \t*#]*answer\s*[:=])[ \t]*([^\n]{0,300})")  # "check our answer: ..." is not one
+_SPAN = re.compile(r"\$\$(.{1,1000}?)\$\$|\$(.{1,1000}?)\$|\\\((.{1,1000}?)\\\)|\\\[(.{1,1000}?)\\\]", re.DOTALL)
 _NUMBER = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?(?!\d)|-?\d+(?:\.\d+)?(?:/\d+)?|-?\.\d+")
 _CALC = re.compile(r"<<[^<>\n]{0,200}>>")
-_COMMAND_OR_TEXT = re.compile(r"\\(?:text|textbf|mathrm|mbox)\s*\{[^{}]{0,100}\}|\\[A-Za-z]+")
+_COMMAND_OR_TEXT = re.compile(r"\\(?:text|textbf|mathrm|mbox|begin|end)\s*\{[^{}]{0,100}\}|\\[A-Za-z]+")
 _BARE_WORDS = {"and", "or", "sqrt", "pi", "infty", "inf", "infinity", "percent", "dollars", "cents", "degrees", "units"}
 
 def _span_content(m: re.Match) -> str: return next(g for g in m.groups() if g is not None).strip()
@@ -116,7 +119,8 @@ def extract_answer(text: str, # the model's response (or a bare answer)
     p = [m for m in _PHRASE.finditer(text) if m.group(1).strip()]
     if p:
         a = _phrase_answer(p[-1].group(1))
-        if a: found.append((p[-1].start(), a, "phrase"))
+        strong = bool(re.search(r"[\d\\^=]", a)) or bool(re.fullmatch(r"\(?[A-E]\)?", a))
+        if a and (strong or not found): found.append((p[-1].start(), a, "phrase"))  # "our answer is correct" is no answer
     if found:
         _, a, how = max(found, key=lambda f: f[0])
         return a[:MAX_ANSWER], how
@@ -180,6 +184,8 @@ def _unwrap(s: str, cmd: str) -> str:
         out.append(s[i:k] + s[j + 1:e]); i = e + 1
     return "".join(out) + s[i:]
 
+_BASE = re.compile(r"((?=[0-9A-F]*\d)[0-9A-F]{1,40})\s*_\s*\{?\s*(\d{1,2})\s*\}?")  # 52_8, 1A_{16}
+
 def normalize_answer(s: str) -> str:
     "`s` as a grader reads it: delimiters, spacing, units, `\\text{}`, degrees, currency and choice letters stripped"
     if not isinstance(s, str): return ""
@@ -208,8 +214,8 @@ def normalize_answer(s: str) -> str:
     if m and re.search(r"\d", m.group(1)) and not m.group(2).startswith(("or ", "and ")): s = m.group(1).strip()
     m = re.fullmatch(r"\(?([A-Ea-e])\)(?:\s.*)?|\(([A-E])\)?|([A-E])", s)  # multiple choice: (C), C), \textbf{(C)} 12
     if m: s = next(g for g in m.groups() if g).upper()
-    m = re.fullmatch(r"(\d+)\s*_\s*\{?\s*\d+\s*\}?", s)  # a number in another base: 52_8 -> 52
-    if m: s = m.group(1)
+    m = _BASE.fullmatch(s)  # a number in another base: 52_{8} -> 52_8
+    if m: s = f"{m.group(1)}_{m.group(2)}"
     s = re.sub(r"^[A-Za-z]\s*\\in\s*", "", s)  # x \in [1,2] -> [1,2]
     if re.fullmatch(r"\{[^{}]*\}", s): s = s[1:-1]
     return s.strip()
@@ -264,14 +270,19 @@ def _split_top(s: str) -> list[str]:
         else: cur.append(ch)
     return parts + ["".join(cur)]
 
+_COLUMN = re.compile(r"\\begin\{[pb]matrix\}([^&]*?)\\end\{[pb]matrix\}", re.DOTALL)
+
 def answer_forms(s: str, other: str) -> list[str]:
-    "Normalized forms of `s` worth comparing with `other`: itself, and its right-hand sides if `other` has no `=`"
-    n = normalize_answer(s)
+    "Normalized forms of `s` worth comparing with `other`: itself, its right-hand sides if `other` has no `=`, a column vector as a tuple if `other` is one"
+    n, o = normalize_answer(s), normalize_answer(other)
     forms = [n]
-    if "=" in n and "=" not in normalize_answer(other) and len(n) < 300:
+    if "=" in n and "=" not in o and len(n) < 300:
         parts = _split_top(n)
         rhs = [_ASSIGN.fullmatch(p) for p in parts]
         if all(rhs): forms.append(", ".join(m.group(1).strip() for m in rhs))
+    if _BASE.fullmatch(n) and "_" not in o: forms.append(n.split("_")[0])  # 52_8 vs 52: the base was implied
+    m = _COLUMN.fullmatch(n)
+    if m and o.startswith("("): forms.append("(" + ", ".join(x.strip() for x in m.group(1).split("\\\\")) + ")")
     return forms
 
 def _terminating(q: Fraction) -> bool:
@@ -294,9 +305,11 @@ def numbers_equal(a: str, b: str) -> bool | None:
 def quick_equal(pred: str, gold: str) -> bool | None:
     "Fast verdict on `pred` vs `gold`: True, False, or None when symbolic equivalence must decide"
     if not isinstance(pred, str) or not isinstance(gold, str): return False
+    if len(pred) > MAX_ANSWER or len(gold) > MAX_ANSWER: return pred.strip() == gold.strip() != ""  # too long to parse
     ps, gs = answer_forms(pred, gold), answer_forms(gold, pred)
     if not ps[0] or not gs[0]: return False
     if any(_key(p) == _key(g) for p in ps for g in gs): return True
+    if _BASE.fullmatch(ps[0]) and _BASE.fullmatch(gs[0]): return False  # 52_8 vs 52_9, or 41_8 vs 52_7: not the same
     verdicts = [numbers_equal(p, g) for p in ps for g in gs]
     if True in verdicts: return True
     if None not in verdicts: return False
@@ -305,7 +318,7 @@ def quick_equal(pred: str, gold: str) -> bool | None:
     if len(ps[0]) >= MAX_ANSWER or len(gs[0]) >= MAX_ANSWER: return False
     return None
 
-# %% ../nbs/01_verifier.ipynb #b15bddf1
+# %% ../nbs/01_verifier.ipynb #e366a073
 _EXP = re.compile(r"\^\s*(\{|\\?[A-Za-z0-9.]+)")
 _FACT = re.compile(r"(\d+)\s*!")
 
@@ -319,12 +332,16 @@ def too_big(s: str) -> bool:
     if peak > 30: return True
     pairs = _brace_pairs(s) if "{" in s else {}
     for m in _EXP.finditer(s):
-        e = s[m.end(1):pairs.get(m.start(1), m.start(1))] if m.group(1) == "{" else m.group(1)
-        if m.group(1) == "{" and m.start(1) not in pairs: return True
+        if m.group(1) == "{":
+            if m.start(1) not in pairs: return True
+            e, end = s[m.end(1):pairs[m.start(1)]], pairs[m.start(1)] + 1
+        else: e, end = m.group(1), m.end(1)
         if "^" in e or "!" in e or "\\uparrow" in e or len(re.findall(r"\d", e)) > 4: return True
+        if s[end:end + 3].lstrip().startswith("^"): return True  # a^b^c: a tower written without braces
+    if re.search(r"[)}\]]\s*!", s): return True  # (10^{10})!: the factorial of an expression
     return any(len(f) > 3 for f in _FACT.findall(s))
 
-# %% ../nbs/01_verifier.ipynb #714cf6e3
+# %% ../nbs/01_verifier.ipynb #7df88c66
 _MV = {}  # math-verify's functions and config, imported once per process
 
 def _mv():
@@ -361,7 +378,7 @@ def plain_math_verify(pred: str, gold: str) -> bool:
     from math_verify import parse, verify
     return bool(verify(parse(_dollars(gold)), parse(_dollars(pred))))
 
-# %% ../nbs/01_verifier.ipynb #e1398d46
+# %% ../nbs/01_verifier.ipynb #cd814de2
 HARD_MARGIN = 0.5  # seconds a worker may overrun its soft deadline before it is killed
 WORKER_MEMORY = 2 << 30  # bytes of address space a worker may add to what it inherits
 
@@ -374,7 +391,7 @@ def _limit_memory(extra: int):
     try:
         import resource
         with open("/proc/self/statm") as f: vm = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
-        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+        _, hard = resource.getrlimit(resource.RLIMIT_AS)
         lim = vm + extra if hard == resource.RLIM_INFINITY else min(vm + extra, hard)
         resource.setrlimit(resource.RLIMIT_AS, (lim, hard))
     except (OSError, ValueError, ImportError): pass
@@ -404,10 +421,24 @@ def _serve(conn, parent_end=None):
         except _Deadline: res = None
         conn.send(res)
 
-# %% ../nbs/01_verifier.ipynb #cd814de2
+# %% ../nbs/01_verifier.ipynb #92961d4b
+_WARM_CASES = [("\\frac{1}{2}", "0.5"), ("x > 2", "(2,\\infty)"), ("(x+1)^2", "x^2+2x+1"), ("\\{1,2\\}", "2,1"),
+               ("y=2x+3", "y=3+2x"), ("\\sqrt{8}", "2\\sqrt{2}"), ("1+2i", "2i+1"), ("(1,2)", "(1,2)"),
+               ("\\begin{pmatrix}1\\\\2\\end{pmatrix}", "\\begin{pmatrix}1\\\\2\\end{pmatrix}")]
+
 def _warm_up():
-    "Import math-verify and parse once in this process, so that forked workers start warm"
-    if "warm" not in _MV: symbolic_equal(["\\frac{1}{2}"], ["0.5"]); _MV["warm"] = True
+    "Import math-verify and run each kind of comparison once in this process, so that forked workers start warm"
+    if "warm" not in _MV:
+        for p, g in _WARM_CASES: symbolic_equal([p], [g])
+        _MV["warm"] = True
+
+def have_math_verify() -> bool:
+    "Is math-verify installed? Without it symbolic checks answer False, with one warning"
+    ok = importlib.util.find_spec("math_verify") is not None
+    if not ok and not _MV.get("warned"):
+        warnings.warn("math-verify is not installed (pip install 'math-verify[antlr4_13_2]'): answers that need "
+                      "symbolic equivalence are graded as wrong"); _MV["warned"] = True
+    return ok
 
 class SymbolicPool:
     "Worker processes that run symbolic checks under a hard time limit; a worker that overruns is killed and replaced"
@@ -442,6 +473,7 @@ class SymbolicPool:
     def run(self, jobs: list[tuple], # (kind, pred forms, gold forms) with kind "ours" or "plain"
             timeout: float = 2.0) -> list[bool | None]: # seconds per job
         "Verdicts of `jobs` in order: True/False, or None for a job that overran (its worker is killed)"
+        if not have_math_verify(): return [False] * len(jobs)
         with self.lock:
             if os.getpid() != self.pid:  # we are a forked copy: the workers belong to our parent
                 self.workers, self.pid = [None] * len(self.workers), os.getpid()
@@ -449,11 +481,11 @@ class SymbolicPool:
             while todo or busy:
                 for i in range(len(self.workers)):
                     if i in busy or not todo: continue
-                    j = todo.popleft()
+                    j, t0 = todo.popleft(), time.monotonic()  # starting a worker counts against the job's time
                     if not self._alive(i): self._kill(i); self._start(i)
                     try: self.workers[i][1].send((*jobs[j], timeout))
                     except (OSError, ValueError): self._kill(i); continue  # died between check and send: no verdict
-                    busy[i] = (j, time.monotonic() + timeout + HARD_MARGIN)
+                    busy[i] = (j, t0 + timeout + HARD_MARGIN)
                     self.jobs += 1
                 if not busy: continue
                 wait_s = max(0.0, min(d for _, d in busy.values()) - time.monotonic())
@@ -488,10 +520,10 @@ def get_pool(n: int = 1) -> SymbolicPool:
 def _close_pools():
     for p in list(_POOLS.values()): p.close()
 
-# %% ../nbs/01_verifier.ipynb #c4d62763
+# %% ../nbs/01_verifier.ipynb #696d1d02
 ANCHORED = ("hash", "boxed", "phrase")
 FORMAT_RULES = ("answer", "single", "think")
-_THINK = re.compile(r"\s*<think>.{0,%d}?</think>" % MAX_CHARS, re.S)
+_THINK = re.compile(rf"\s*<think>.{{0,{MAX_CHARS}}}?</think>", re.DOTALL)
 
 class _LRU:
     "A small thread-safe least-recently-used cache"
@@ -551,7 +583,7 @@ def score(completion: str, # the model's whole response, or a bare answer
             CACHE.put(job, ok)
     return Score(bool(ok), _reward(ok, fmt, correct_weight, format_weight), pred, fmt)
 
-# %% ../nbs/01_verifier.ipynb #7650aa29
+# %% ../nbs/01_verifier.ipynb #55cc70c7
 DEFAULT_WORKERS = max(1, min(4, os.cpu_count() or 1))
 
 def score_batch(completions: list[str], # one response per sample
@@ -596,7 +628,7 @@ def reward_fn(completions: list, # one response per sample: a string or a list o
     opts = {k: kwargs[k] for k in ("timeout", "format_weight", "format_rule", "correct_weight", "workers") if k in kwargs}
     return [s.reward for s in score_batch([_content(c) for c in completions], list(answer), task, **opts)]
 
-# %% ../nbs/01_verifier.ipynb #d5241ba5
+# %% ../nbs/01_verifier.ipynb #936382f1
 TRICKY_CASES = [  # (gold, prediction, correct?)
     # integers, separators, signs
     ("1234", "1,234", True), ("1,234", "1234", True), ("1000000", "1,000,000", True), ("10080", "10,\\!080", True),
@@ -683,6 +715,7 @@ TRICKY_CASES = [  # (gold, prediction, correct?)
     ("3 \\pm 2 \\sqrt{2}", "3+2\\sqrt2", False), ("\\{1,2\\}", "\\{2,1\\}", True), ("2, 3", "2 and 3", True),
     # number bases
     ("52_8", "52", True), ("52_8", "52_{8}", True), ("4210_{5}", "4210_5", True), ("2516_8", "2516", True), ("40_9", "36", False),
+    ("52_8", "52_9", False), ("1011_2", "11_{10}", False),
     # gold conventions of AIME, AMC, GSM8K
     ("025", "25", True), ("025", "\\boxed{25}", True), ("025", "250", False), ("27.0", "27", True), ("27.0", "\\boxed{27}", True),
     ("36.0", "35", False), ("Natalia sold 48/2 = <<48/2=24>>24 clips.\n#### 72", "72", True), ("#### 1,234", "1234", True),
@@ -704,6 +737,35 @@ TRICKY_CASES = [  # (gold, prediction, correct?)
     ("7", "", False), ("7", "I don't know.", False), ("7", "\\boxed{}", False),
     ("7", "\\boxed{__import__('os').system('echo hi')}", False), ("7", "\\boxed{10^{10^{10^{10}}}}", False),
     ("10^{10^{10}}", "\\boxed{10^{10^{10}}}", True), ("0", "\\boxed{0}", True), ("0", "\\boxed{O}", False),
+    # added after a held-out check (written after the code above, graded before any fix): more of each kind
+    ("144", "144.00", True), ("144", "1.44", False), ("2,000", "2000", True), ("-12", "- 12", True),
+    ("\\frac{5}{12}", "5/12", True), ("\\frac{5}{12}", "\\frac{12}{5}", False), ("0.75", "\\frac{3}{4}", True),
+    ("\\frac{7}{8}", "0.875", True), ("\\frac{2}{3}", "\\frac{4}{6}", True), ("-\\frac{3}{4}", "-0.75", True),
+    ("3\\frac{1}{3}", "\\frac{10}{3}", True), ("75\\%", "0.75", True), ("75\\%", "75", True), ("75\\%", "7.5", False),
+    ("\\$4.50", "4.5", True), ("\\$4.50", "\\$4.05", False), ("45^\\circ", "45 degrees", True),
+    ("45^\\circ", "\\frac{\\pi}{4}", False), ("12 \\text{ feet}", "12", True), ("12", "12 \\text{ ft}", True),
+    ("100 \\text{ cm}", "1", False), ("\\sqrt{12}", "2\\sqrt{3}", True), ("4\\sqrt{3}", "\\sqrt{48}", True),
+    ("\\frac{\\sqrt{6}}{3}", "\\sqrt{\\frac{2}{3}}", True), ("\\sqrt{2}+1", "1+\\sqrt{2}", True),
+    ("\\sqrt{2}+1", "\\sqrt{2}-1", False), ("\\frac{1}{\\sqrt{3}+1}", "\\frac{\\sqrt{3}-1}{2}", True),
+    ("4\\pi", "4 \\pi", True), ("\\frac{3\\pi}{4}", "\\frac{3}{4}\\pi", True), ("2\\pi", "\\pi", False),
+    ("x^2-1", "(x-1)(x+1)", True), ("x^2-1", "(x-1)^2", False), ("3x^2", "3 x^2", True), ("a^2+b^2", "b^2+a^2", True),
+    ("\\frac{x+1}{2}", "\\frac{1}{2}x+\\frac{1}{2}", True), ("2^{n}", "2^n", True), ("n^2", "n*n", True),
+    ("x = 3", "x=3", True), ("x = 3", "3", True), ("y=x+1", "y = 1 + x", True), ("y=x+1", "y=x-1", False),
+    ("(4, -3)", "(4,-3)", True), ("(4, -3)", "(-3, 4)", False), ("(0, 1, 2)", "\\left(0,1,2\\right)", True),
+    ("[1, 5]", "[1,5]", True), ("[1, 5]", "(1,5)", False),
+    ("(-\\infty, -1) \\cup (1, \\infty)", "(1,\\infty)\\cup(-\\infty,-1)", True), ("(0, \\infty)", "x>0", True),
+    ("[3, \\infty)", "x \\ge 3", True), ("2, -3", "-3, 2", True), ("2, -3", "2", False),
+    ("\\{-1, 1\\}", "1, -1", True), ("\\pm 1", "1, -1", True), ("\\text{Tuesday}", "Tuesday", True),
+    ("\\text{Tuesday}", "\\text{Wednesday}", False), ("\\text{(A)}", "A", True), ("\\text{(A)}", "(D)", False),
+    ("1001_2", "1001", True), ("13_{4}", "13_4", True), ("7", "Thus, the final answer is 7.", True),
+    ("7", "Final Answer: $\\boxed{7}$", True), ("7", "Answer: $\\boxed{8}$", False),
+    ("\\frac{2}{5}", "The probability is $\\frac{2}{5}$.", True), ("24", "$$\\boxed{24}$$", True),
+    ("24", "... so \\boxed{24}.\n\nI hope it is correct.", True), ("15", "Step 1: 3*5 = 15\n#### 15", True),
+    ("15", "#### 15\n#### 16", False), ("3", "The answer is 3 apples.", True),
+    ("5", "The answer is \\(\\boxed{5}\\)", True), ("1", "\\boxed{1,000}", False), ("1000", "\\boxed{1,000}", True),
+    ("\\begin{pmatrix} 3 \\\\ 1 \\end{pmatrix}", "\\begin{pmatrix}3\\\\1\\end{pmatrix}", True),
+    ("\\begin{pmatrix} 3 \\\\ 1 \\end{pmatrix}", "(3, 1)", True), ("2+3i", "3i+2", True), ("0", "0.0", True),
+    ("-1", "-1.0", True), ("\\frac{1}{4}", "25\\%", True), ("e", "\\mathrm{e}", True), ("6", "3!", True),
 ]
 
 def agreement(cases=None, # (gold, prediction, expected) rows; default `TRICKY_CASES`

@@ -32,3 +32,11 @@ def test_eval_writes_json(tmp_path):
         assert k in d, k
     assert d["n_prompts"] == 6 and d["samples"] == 2 and 0 <= d["accuracy"] <= 1
     assert set(d["accuracy_by_style"]) == {"concise", "verbose"}
+
+def test_probe_writes_json_and_png(tmp_path):
+    out = tmp_path / "probe.json"
+    r = run("probe", "--prompts", "4", "--json", str(out), "--quiet")
+    assert r.returncode == 0, r.stderr[-3000:]
+    d = json.loads(out.read_text())
+    assert {"same_label_cos", "cross_label_cos", "n_groups"} <= set(d) and d["n_groups"] >= 1
+    assert -1 <= d["same_label_cos"] <= 1 and out.with_suffix(".png").stat().st_size > 1000

@@ -1,26 +1,269 @@
-"The minimal verifier: every GSM8K reference judged correct, hostile inputs handled fast, `score` never raises."
+"""The verifier against the acceptance list of its issue: every GSM8K and MATH500 reference judged correct, agreement on
+the kit's table of tricky cases, hostile inputs answered in bounded time without running code, and `score` never raising."""
+import json
+import re
+import signal
+import sys
 import time
+
 import pytest
 from hypothesis import given, settings, strategies as st
-from bppo_kit.verifier import Score, reward_fn, score
 
-HOSTILE = ["__import__('os').system('echo pwned')", "\\boxed{10^{10^{10^{10}}}}", "(" * 10_000 + ")" * 10_000,
-           "1" * 2_000_000, "", "\x00\x01\x1b[31m\u202e#### 7", "#### " + "9" * 5000, "\\boxed{" * 5000]
+from bppo_kit import verifier as V
+from bppo_kit.config import shared_data_dir
+from bppo_kit.data import read_jsonl
+from bppo_kit.verifier import (HARD_MARGIN, TRICKY_CASES, Score, SymbolicPool, agreement, extract_answer, gold_answer,
+                               reward_fn, score, score_batch)
 
-@pytest.mark.parametrize("text", HOSTILE, ids=range(len(HOSTILE)))
-def test_hostile_inputs_are_fast_and_safe(text):
+DATA = shared_data_dir()
+needs_data = pytest.mark.skipif(not (DATA / "gsm8k" / "test.jsonl").exists(), reason="shared data not present")
+
+# ---- real data: 100% of the reference solutions --------------------------------------------------------------------
+
+@needs_data
+def test_every_gsm8k_test_reference_is_correct():
+    rows = read_jsonl(DATA / "gsm8k" / "test.jsonl")
+    assert len(rows) == 1319
+    s = score_batch([r["answer"] for r in rows], [r["answer"].split("####")[-1] for r in rows], "gsm8k")
+    assert [r["answer"][-40:] for r, x in zip(rows, s) if not x.correct] == []
+    assert all(x.format_ok for x in s)
+
+@needs_data
+def test_every_math500_reference_is_correct():
+    rows = read_jsonl(DATA / "math" / "math500_test.jsonl")
+    assert len(rows) == 500
+    s = score_batch([r["solution"] for r in rows], [r["answer"] for r in rows], "math500")
+    assert [(r["answer"], x.extracted) for r, x in zip(rows, s) if not x.correct] == []
+
+@needs_data
+def test_gold_conventions_of_aime_and_amc():
+    aime = read_jsonl(DATA / "competition" / "aime24_qwen25math.jsonl")
+    amc = read_jsonl(DATA / "competition" / "amc23_qwen25math.jsonl")
+    assert all(score(f"\\boxed{{{int(r['answer'])}}}", r["answer"], "aime24").correct for r in aime)
+    assert all(score(f"The answer is {r['answer']:g}.", r["answer"], "amc23").correct for r in amc)  # floats like 27.0
+    assert all(not score(f"\\boxed{{{int(r['answer']) + 1}}}", r["answer"], "aime24").correct for r in aime)
+
+@needs_data
+def test_wrong_gsm8k_answers_are_rejected():
+    rows = read_jsonl(DATA / "gsm8k" / "test.jsonl")[:300]
+    bad = [r["answer"].rsplit("####", 1)[0] + f"#### {int(r['answer'].split('####')[-1].replace(',', '')) + 1}" for r in rows]
+    assert not any(x.correct for x in score_batch(bad, [r["answer"] for r in rows], "gsm8k"))
+
+# ---- equivalence quality: the kit's table --------------------------------------------------------------------------
+
+def test_tricky_table_agreement_at_least_97_percent():
+    acc, wrong = agreement()
+    assert len(TRICKY_CASES) >= 200
+    assert acc >= 0.97, wrong
+
+def test_plain_math_verify_is_measured_on_the_same_table():
+    acc_plain, _ = agreement(plain=True)
+    acc, _ = agreement()
+    print(f"\nkit {acc:.1%} vs plain math-verify {acc_plain:.1%} on {len(TRICKY_CASES)} cases")
+    assert acc_plain < acc
+
+def test_table_is_balanced():
+    n_true = sum(e for _, _, e in TRICKY_CASES)
+    assert 0.15 < 1 - n_true / len(TRICKY_CASES) < 0.5  # enough wrong answers that "always yes" fails the bar
+    assert len({(g, p) for g, p, _ in TRICKY_CASES}) == len(TRICKY_CASES)
+
+# ---- safety: hostile inputs ----------------------------------------------------------------------------------------
+
+HOSTILE = {
+    "import": "__import__('os').system('touch {marker}')",
+    "boxed-import": "\\boxed{__import__('os').system('touch {marker}')}",
+    "answer-is-exec": "The answer is exec(\"open('{marker}','w')\")",
+    "dollar-eval": "$eval(\"open('{marker}','w')\")$",
+    "subclasses": "\\boxed{().__class__.__bases__[0].__subclasses__()}",
+    "lambda": "#### (lambda: open('{marker}','w'))()",
+    "latex-macro": "\\def\\x{\\x\\x}\\boxed{\\x}",
+    "template": "\\boxed{{{7*7}}}",
+    "tower4": "\\boxed{10^{10^{10^{10}}}}",
+    "tower-plain": "#### 10**10**10",
+    "big-exponent": "\\boxed{10^{999999999}}",
+    "factorial": "\\boxed{(10^{10})!}",
+    "binomial": "\\boxed{\\binom{10^{4}}{5000}}",
+    "parens-10k": "(" * 10_000 + "1" + ")" * 10_000,
+    "boxed-parens-10k": "\\boxed{" + "(" * 10_000 + "7" + ")" * 10_000 + "}",
+    "braces-10k": "\\boxed{" + "{" * 10_000 + "7" + "}" * 10_000 + "}",
+    "digits-2MB": "1" * 2_000_000,
+    "letters-2MB": "a " * 1_000_000,
+    "boxes-2MB": "\\boxed{" * 300_000,
+    "dollars-2MB": "$" * 2_000_000,
+    "paren-delims-2MB": "\\(" * 1_000_000,
+    "empty": "",
+    "blank": " \n\t ",
+    "control": "\x00\x01\x1b[31m\u202e#### 7",
+    "bidi": "\u2066#### \u202e7\u202c\u2069",
+    "zero-width": "#### 7\u200b\ufeff",
+    "surrogate": "#### \ud800 7",
+    "digits-5000": "#### " + "9" * 5000,
+}
+
+@pytest.fixture
+def marker(tmp_path):
+    return tmp_path / "pwned"
+
+@pytest.mark.parametrize("name", list(HOSTILE))
+def test_hostile_completion_is_bounded_and_inert(name, marker):
+    text = HOSTILE[name].replace("{marker}", str(marker))
+    for task in ("auto", "math", "synthetic"):
+        t = time.perf_counter()
+        s = score(text, "7", task, timeout=2.0)
+        took = time.perf_counter() - t
+        assert isinstance(s, Score) and isinstance(s.reward, float)
+        assert took < 2.0 + 1.0, f"{name}/{task} took {took:.2f}s"
+    assert not marker.exists()
+    assert not score(text, "12345").correct  # ((((7)))) may equal 7; nothing here equals 12345
+
+@pytest.mark.parametrize("name", ["import", "tower4", "parens-10k", "digits-2MB", "empty", "control"])
+def test_hostile_gold_is_bounded(name, marker):
+    gold = HOSTILE[name].replace("{marker}", str(marker))
     t = time.perf_counter()
-    s = score(text, "7", "auto")
-    assert isinstance(s, Score) and time.perf_counter() - t < 3.0
+    assert isinstance(score("\\boxed{7}", gold, timeout=2.0), Score)
+    assert time.perf_counter() - t < 3.0 and not marker.exists()
+
+LONG = ["1" * 999, "1_" * 499, "(" * 999, "\\frac{" * 160, "a " * 499, "x=" * 499, "\\text{" * 160, "$" * 999,
+        "10^" * 330, "1," * 499, "\\sqrt" * 199, "9" * 998 + "_8", "1 " * 499 + "dollars", "\\left(" * 160]
+
+@pytest.mark.parametrize("s", LONG, ids=range(len(LONG)))
+def test_answer_level_regexes_are_linear(s):
+    "Answers up to `MAX_ANSWER` characters (and golds of any length) are normalized and compared in bounded time"
+    t = time.perf_counter()
+    for pred, gold in ((f"\\boxed{{{s}}}", "7"), ("\\boxed{7}", s), (s, s + "1"), (s * 3, s * 3)):
+        assert isinstance(score(pred, gold, timeout=1.0), Score)
+    assert time.perf_counter() - t < 2.0 + 4 * HARD_MARGIN
+
+def test_non_string_inputs():
+    assert score(None, "7") == Score(False, 0.0, None, False)
+    assert score(b"#### 7", "7").correct is False
+    assert score("#### 27", 27.0, "amc23").correct
+
+def test_process_is_healthy_after_hostile_inputs():
+    handler = signal.getsignal(signal.SIGALRM)
+    limit = sys.getrecursionlimit()
+    for text in HOSTILE.values(): score(text.replace("{marker}", "/nonexistent/x"), "7", timeout=1.0)
+    assert signal.getsignal(signal.SIGALRM) == handler and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    assert sys.getrecursionlimit() == limit
+    assert score("$\\boxed{\\frac{1}{\\sqrt{2}}}$", "\\frac{\\sqrt2}{2}").correct  # the pool still answers
+    assert score("#### 18", "18", "synthetic").correct
+
+def test_native_hang_is_killed_and_the_worker_replaced():
+    "A job that blocks SIGALRM and sleeps stands for a parser stuck in C code: only the hard limit can end it"
+    def hang(preds, golds):
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+        time.sleep(60)
+    V._JOBS["hang"] = hang  # registered before the fork, so the worker knows it
+    pool = SymbolicPool(1)
+    try:
+        t = time.perf_counter()
+        assert pool.run([("hang", ("",), ("",))], timeout=0.5) == [None]
+        assert time.perf_counter() - t < 0.5 + HARD_MARGIN + 1.0
+        assert pool.kills == 1
+        assert pool.run([("ours", ("\\sqrt{8}",), ("2\\sqrt{2}",))], timeout=2.0) == [True]
+    finally:
+        pool.close(); del V._JOBS["hang"]
+
+FRESH = """
+import signal, time
+from bppo_kit import verifier as V
+def hang(preds, golds):
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM}); time.sleep(60)
+V._JOBS["hang"] = hang
+t = time.perf_counter(); r = V.get_pool().run([("hang", ("",), ("",))], timeout=2.0)
+print(r[0], time.perf_counter() - t)
+"""
+
+def test_first_check_in_a_fresh_process_is_bounded():
+    "The first symbolic check of a process also imports math-verify and forks a worker: that counts against its time"
+    import subprocess
+    out = subprocess.run([sys.executable, "-c", FRESH], capture_output=True, text=True, timeout=60).stdout.split()
+    assert out[0] == "None" and float(out[1]) < 2.0 + 1.0, out
+
+SAFE = re.compile(r"[0-9A-Za-z. ]*")  # numbers and bare names: nothing to call, no strings, no dunders
+
+def test_model_text_never_reaches_sympy_parse_expr(monkeypatch, tmp_path):
+    """SymPy's `parse_expr` runs Python `eval`. The LaTeX parser calls it only through `sympy.Number` on its lexer's
+    number tokens (and SymPy on a few constant names such as unit prefixes); prove that no call can contain a function
+    call, attribute chain or string from model text, in this process and in (freshly forked) workers"""
+    import latex2sympy2_extended.latex2sympy2
+    import math_verify.parser
+    import sympy.parsing.sympy_parser
+    log = tmp_path / "parse_expr_calls"
+    real = sympy.parsing.sympy_parser.parse_expr
+    def spy(s, *a, **k):
+        with open(log, "a") as f: f.write(json.dumps(str(s)) + "\n")
+        if not SAFE.fullmatch(str(s)): raise RuntimeError(f"parse_expr called on {s!r}")
+        return real(s, *a, **k)
+    for mod in (math_verify.parser, latex2sympy2_extended.latex2sympy2, sympy.parsing.sympy_parser):
+        monkeypatch.setattr(mod, "parse_expr", spy)
+    V.get_pool().close()  # the next workers fork from this patched process
+    V.CACHE.d.clear()
+    texts = [h.replace("{marker}", str(tmp_path / "m")) for h in HOSTILE.values()]
+    texts += ["sqrt(2)/2", "x**2 + 1", "2*x + 3", "The answer is (x+1)^2", "pi/2"]
+    assert score_batch(["\\boxed{\\frac{1}{\\sqrt{2}}}"], ["\\frac{\\sqrt2}{2}"])[0].correct  # numbers do pass through
+    score_batch(texts, ["\\frac{\\sqrt2}{2}"] * len(texts), timeout=1.0)
+    calls = [json.loads(line) for line in log.read_text().splitlines()]
+    assert calls and all(SAFE.fullmatch(c) for c in calls), calls
+    assert not any(w in c for c in calls for w in ("import", "eval", "exec", "open", "lambda", "class", "system"))
+    V.get_pool().close()
+
+# ---- format, batch, cache, TRL signature ---------------------------------------------------------------------------
+
+def test_format_rules_and_weights():
+    assert score("#### 4", "4", format_weight=0.2).reward == pytest.approx(1.2)
+    assert score("4", "4", format_weight=0.2).reward == pytest.approx(0.8)
+    assert score("#### 5", "4", format_weight=0.2, correct_weight=2.0).reward == pytest.approx(0.2)
+    assert score("\\boxed{4}", "4", format_rule="single").format_ok
+    assert not score("\\boxed{3} or \\boxed{4}", "4", format_rule="single").format_ok
+    assert score("<think>hmm</think>\nThe answer is \\boxed{4}", "4", format_rule="think").format_ok
+    assert not score("The answer is \\boxed{4}", "4", format_rule="think").format_ok
+    assert not score("<think>\\boxed{4}</think>", "4", format_rule="think").correct  # only the part after thinking counts
+    with pytest.raises(ValueError, match="format_rule"): score("4", "4", format_rule="xml")
+
+def test_synthetic_policy_has_no_fallbacks():
+    assert extract_answer(" 3+4=7, 7*5=35", last_number=False, bare=False) == (None, None)
+    assert score("35", "35", "synthetic").correct is False
+    assert score("35", "35", "auto").correct is True
+
+def test_batch_equals_one_by_one_and_uses_the_cache():
+    comps = [p for _, p, _ in TRICKY_CASES[:120]]
+    golds = [g for g, _, _ in TRICKY_CASES[:120]]
+    V.CACHE.d.clear()
+    batch = score_batch(comps, golds, workers=2)
+    assert batch == [score(c, g) for c, g in zip(comps, golds)]
+    jobs = V.get_pool().jobs
+    assert score_batch(comps * 3, golds * 3, workers=2) == batch * 3
+    assert V.get_pool().jobs == jobs  # every symbolic verdict came from the cache
+
+def test_reward_fn_trl_signature():
+    comps = [[{"role": "assistant", "content": "so \\boxed{\\frac12}"}], [{"role": "assistant", "content": [{"type": "text", "text": "#### 3"}]}]]
+    assert reward_fn(comps, ["0.5", "4"], prompts=["a", "b"], completion_ids=[[1], [2]], trainer_state=None) == [1.0, 0.0]
+    assert reward_fn(["#### 3", "3"], ["3", "3"], task=["synthetic", "synthetic"]) == [1.0, 0.0]
+    assert reward_fn(["#### 3"], ["3"], format_weight=0.5) == [1.5]
 
 def test_reward_fn_lengths_must_match():
     with pytest.raises(ValueError, match="2 completions but 1 answers"): reward_fn(["a", "b"], ["1"])
 
+def test_gold_answer_per_dataset():
+    assert gold_answer("work <<2*3=6>>6\n#### 1,234") == "1,234"
+    assert gold_answer("so $\\boxed{\\frac{1}{2}}$.") == "\\frac{1}{2}"
+    assert gold_answer("025", "aime24") == "25" and gold_answer(27.0, "amc23") == "27"
+
+# ---- property-based ------------------------------------------------------------------------------------------------
+
+LATEXISH = st.lists(st.sampled_from(["\\boxed{", "}", "{", "^", "10", "7", "\\frac", "####", "$", "(", ")", "x", "=",
+                                     ",", "\\sqrt", "!", "the answer is ", " ", "\\\\", "\\begin{pmatrix}", "&", "\\pi",
+                                     "\\end{pmatrix}", ".", "-", "\\text{", "%", "\\infty", "[", "]", "\\cup", "i", "_"]),
+                    max_size=40).map("".join)
+
 @settings(max_examples=300, deadline=None)
-@given(st.text(max_size=300), st.text(max_size=30), st.sampled_from(["auto", "synthetic", "gsm8k", "math"]))
+@given(st.one_of(st.text(max_size=300), LATEXISH), st.one_of(st.text(max_size=30), LATEXISH),
+       st.sampled_from(["auto", "synthetic", "gsm8k", "math"]))
 def test_score_never_raises(completion, gold, task):
-    s = score(completion, gold, task)
-    assert isinstance(s.correct, bool) and isinstance(s.reward, float)
+    s = score(completion, gold, task, timeout=1.0)
+    assert isinstance(s.correct, bool) and isinstance(s.reward, float) and isinstance(s.format_ok, bool)
+    assert s.extracted is None or (isinstance(s.extracted, str) and len(s.extracted) <= V.MAX_ANSWER)
 
 @settings(max_examples=200, deadline=None)
 @given(st.integers(-10**6, 10**6))
@@ -28,3 +271,10 @@ def test_integers_round_trip(n):
     assert score(f" some work. #### {n}", str(n), "synthetic").correct
     assert score(f"#### {n:,}", str(n), "gsm8k").correct
     assert not score(f"#### {n + 1}", str(n), "synthetic").correct
+
+@settings(max_examples=100, deadline=None)
+@given(st.fractions(min_value=-1000, max_value=1000, max_denominator=50))
+def test_fractions_in_any_notation(q):
+    frac = f"\\frac{{{q.numerator}}}{{{q.denominator}}}" if q.denominator != 1 else str(q.numerator)
+    assert score(f"\\boxed{{{frac}}}", f"{q.numerator}/{q.denominator}", "math").correct
+    assert not score(f"\\boxed{{{frac}}}", str(q + 1), "math").correct
