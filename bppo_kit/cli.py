@@ -121,7 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("sft", help="train the tiny policy on the synthetic task")
     _common(s)
     s.add_argument("--out", help="checkpoint folder (default: sft.out)")
-    t = sub.add_parser("train", help="RL training: grpo (bppo, tppo, ppo as they land)")
+    t = sub.add_parser("train", help="RL training: grpo or bppo (tppo, ppo as they land)")
     _common(t)
     t.add_argument("--algo", help="algo.name")
     t.add_argument("--steps", type=int, help="train.steps")
