@@ -8,7 +8,7 @@ Docs: https://bppo-kit.github.io/bppo_kit/bppo.html.md"""
 from __future__ import annotations
 import torch
 from .config import Config
-from .grpo import Rollout, TrainItem, group_advantages
+from .grpo import Rollout, TrainItem, group_advantages, zero_signal_frac
 
 # %% auto #0
 __all__ = ['PREFIX_MODES', 'select_binary', 'prefix_lengths', 'scheduled_ratio', 'pair_advantages', 'BPPO']
@@ -86,7 +86,6 @@ class BPPO:
                 j = sel[b, k].item()
                 if j < 0 or adv[b, k].item() == 0.0: continue
                 c = r.completions[b * G + j]
-                items.append(TrainItem(c.prompt_ids, c.completion_ids, adv[b, k].item(), int(keep[b, k]), c.logprobs))
-        zero = (r.rewards.std(1, unbiased=False) == 0)
-        return items, dict(frac_zero_std_groups=zero.float().mean().item(), selected_sequences=len(items),
+                items.append(TrainItem(c.prompt_ids, c.completion_ids, adv[b, k].item(), int(keep[b, k])))
+        return items, dict(frac_zero_std_groups=zero_signal_frac(r.rewards), selected_sequences=len(items),
                            prefix_tokens=sum(it.n_train for it in items), prefix_ratio=ratio)

@@ -14,7 +14,7 @@ from .rollout import Completion, HFEngine, SamplingParams
 from .verifier import score
 
 # %% auto #0
-__all__ = ['response_tokens', 'summarize', 'evaluate', 'eval_examples']
+__all__ = ['response_tokens', 'grade', 'summarize', 'evaluate', 'eval_examples']
 
 # %% ../nbs/04b_evaluate.ipynb #654ca31d
 def response_tokens(c: Completion, eos_id: int | None) -> int:
@@ -23,13 +23,17 @@ def response_tokens(c: Completion, eos_id: int | None) -> int:
 
 def _m(xs): return round(mean(xs), 4) if xs else None
 
+def grade(examples: list[Example], completions: list[Completion]):
+    "The verifier's `Score` of each completion against its own example's gold answer"
+    return [score(c.text, examples[c.prompt_index].answer, examples[c.prompt_index].task) for c in completions]
+
 def summarize(examples: list[Example], # the graded prompts
               completions: list[Completion], # `samples` per prompt, grouped by prompt
               samples: int, eos_id: int | None = None) -> dict:
     "Accuracy, mixed-group fraction, lengths (and style splits for synthetic examples) of graded completions"
     if len(completions) != len(examples) * samples:
         raise ValueError(f"expected {len(examples) * samples} completions, got {len(completions)}")
-    ok = [score(c.text, examples[c.prompt_index].answer, examples[c.prompt_index].task).correct for c in completions]
+    ok = [s.correct for s in grade(examples, completions)]
     n = [response_tokens(c, eos_id) for c in completions]
     groups = [ok[i:i + samples] for i in range(0, len(ok), samples)]
     r = dict(accuracy=_m(ok), mixed_group_fraction=_m([0 < sum(g) < samples for g in groups]),
@@ -57,8 +61,7 @@ def evaluate(model, tok, examples: list[Example], # the eval prompts
     r = summarize(examples, eng.generate(prompts, samples, sp), samples, tok.eos_token_id)
     if greedy:
         gs = eng.generate(prompts, 1, SamplingParams(temperature=0, max_new_tokens=sp.max_new_tokens, logprobs=False))
-        r["greedy_accuracy"] = _m([score(c.text, examples[c.prompt_index].answer, examples[c.prompt_index].task).correct
-                                   for c in gs])
+        r["greedy_accuracy"] = _m([s.correct for s in grade(examples, gs)])
         r["greedy_mean_response_tokens"] = _m([response_tokens(c, tok.eos_token_id) for c in gs])
     r["seconds"] = round(time.time() - t0, 2)
     return r

@@ -6,17 +6,16 @@ Docs: https://bppo-kit.github.io/bppo_kit/grpo.html.md"""
 
 # %% ../nbs/05_grpo.ipynb #b17afe28
 from __future__ import annotations
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 import torch
 from .config import Config
 from .data import Example
-from .evaluate import response_tokens
+from .evaluate import grade, response_tokens
 from .rollout import Completion
-from .verifier import score
 
 # %% auto #0
-__all__ = ['group_advantages', 'masked_mean', 'reduce_loss', 'token_weights', 'clipped_surrogate', 'k3_kl', 'entropy_from_logits',
-           'grpo_loss', 'Rollout', 'score_rollout', 'TrainItem', 'GRPO']
+__all__ = ['group_advantages', 'zero_signal_frac', 'masked_mean', 'reduce_loss', 'token_weights', 'clipped_surrogate', 'k3_kl',
+           'entropy_from_logits', 'grpo_loss', 'Rollout', 'score_rollout', 'TrainItem', 'GRPO']
 
 # %% ../nbs/05_grpo.ipynb #13614cb4
 def group_advantages(rewards: torch.Tensor, # [B, G] one reward per completion, groups in rows
@@ -32,7 +31,12 @@ def group_advantages(rewards: torch.Tensor, # [B, G] one reward per completion, 
     if scale == "none": return a
     raise ValueError(f"scale must be 'group', 'batch' or 'none', got {scale!r}")
 
-# %% ../nbs/05_grpo.ipynb #2065793c
+# %% ../nbs/05_grpo.ipynb #d9d5aaba
+def zero_signal_frac(rewards: torch.Tensor, eps: float = 1e-6) -> float:
+    "Share of groups [B, G] whose rewards are (nearly) all equal, so their advantages are 0"
+    return (rewards.float().std(1, unbiased=False) <= eps).float().mean().item()
+
+# %% ../nbs/05_grpo.ipynb #d259983d
 def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim=None) -> torch.Tensor:
     "Mean of `x` where `mask` is true (0 where the mask is empty)"
     m = mask.to(x.dtype)
@@ -50,7 +54,7 @@ def reduce_loss(tok_loss: torch.Tensor, # [B, T] per-token losses
     if reduction == "constant": return (tok_loss * mask).sum() / (mask.shape[0] * (max_len or mask.shape[1]))
     raise ValueError(f"reduction must be 'token', 'seq' or 'constant', got {reduction!r}")
 
-# %% ../nbs/05_grpo.ipynb #d259983d
+# %% ../nbs/05_grpo.ipynb #34716b4d
 def token_weights(mask: torch.Tensor, # [B, T] trained tokens of (a micro-batch of) the batch
                   reduction: str, # "token" | "seq" | "constant"
                   n_seqs: int, # sequences in the whole batch (with at least one trained token, for "seq")
@@ -63,7 +67,7 @@ def token_weights(mask: torch.Tensor, # [B, T] trained tokens of (a micro-batch 
     if reduction == "constant": return m / (max(n_seqs, 1) * max_len)
     raise ValueError(f"reduction must be 'token', 'seq' or 'constant', got {reduction!r}")
 
-# %% ../nbs/05_grpo.ipynb #0d19844d
+# %% ../nbs/05_grpo.ipynb #22e5ee25
 def clipped_surrogate(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, # [B, T] each (adv broadcastable)
                       eps_low: float = 0.2, eps_high: float = 0.28) -> tuple[torch.Tensor, torch.Tensor]:
     "Per-token PPO loss [B, T] and a bool [B, T] of tokens where clipping removed the gradient"
@@ -71,7 +75,7 @@ def clipped_surrogate(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Ten
     un, cl = ratio * adv, ratio.clamp(1 - eps_low, 1 + eps_high) * adv
     return -torch.minimum(un, cl), cl < un
 
-# %% ../nbs/05_grpo.ipynb #19cc5744
+# %% ../nbs/05_grpo.ipynb #bdf443ff
 def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     "Per-token k3 estimate of KL(policy || reference)"
     d = ref_logp - logp
@@ -82,7 +86,7 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     lp = torch.log_softmax(logits.float(), -1)
     return -(lp.exp() * lp).sum(-1)
 
-# %% ../nbs/05_grpo.ipynb #f2c2952a
+# %% ../nbs/05_grpo.ipynb #cc72e80b
 def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, # [N, T] current and sampling log-probs of completion tokens
               adv: torch.Tensor, # [N] one advantage per sequence
               mask: torch.Tensor, # [N, T] completion tokens that are trained
@@ -96,7 +100,7 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, # [N, T] current and s
         m = dict(clip_frac=masked_mean(clipped.float(), mask).item(), kl=masked_mean(kl, mask).item())
     return loss, m
 
-# %% ../nbs/05_grpo.ipynb #12940c73
+# %% ../nbs/05_grpo.ipynb #3b9835f1
 @dataclass
 class Rollout:
     examples: list[Example]
@@ -107,22 +111,21 @@ class Rollout:
 
 def score_rollout(examples: list[Example], completions: list[Completion], group_size: int, eos_id) -> Rollout:
     "Grade every completion of a step"
-    sc = [score(c.text, examples[c.prompt_index].answer, examples[c.prompt_index].task) for c in completions]
+    sc = grade(examples, completions)
     shape = (len(examples), group_size)
     return Rollout(examples, completions, torch.tensor([s.reward for s in sc]).view(shape),
                    torch.tensor([s.correct for s in sc]).view(shape),
                    torch.tensor([response_tokens(c, eos_id) for c in completions]).view(shape))
 
-# %% ../nbs/05_grpo.ipynb #3b9835f1
+# %% ../nbs/05_grpo.ipynb #8f966745
 @dataclass
 class TrainItem:
     prompt_ids: list[int]
     completion_ids: list[int]
     advantage: float
     n_train: int  # the first n_train completion tokens carry loss
-    sample_logprobs: list[float] = field(default_factory=list)
 
-# %% ../nbs/05_grpo.ipynb #8f966745
+# %% ../nbs/05_grpo.ipynb #81cba341
 class GRPO:
     "The baseline: train every completion of every group"
     name = "grpo"
@@ -131,7 +134,6 @@ class GRPO:
     def prepare(self, r: Rollout, step: int = 0) -> tuple[list[TrainItem], dict]:
         "Train items and metrics for a scored rollout"
         adv = group_advantages(r.rewards, "group")
-        items = [TrainItem(c.prompt_ids, c.completion_ids, adv.flatten()[i].item(), c.n_tokens, c.logprobs)
+        items = [TrainItem(c.prompt_ids, c.completion_ids, adv.flatten()[i].item(), c.n_tokens)
                  for i, c in enumerate(r.completions)]
-        zero = (r.rewards.std(1, unbiased=False) == 0)
-        return items, dict(frac_zero_std_groups=zero.float().mean().item(), selected_sequences=len(items))
+        return items, dict(frac_zero_std_groups=zero_signal_frac(r.rewards), selected_sequences=len(items))

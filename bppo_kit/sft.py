@@ -13,7 +13,7 @@ from tqdm.auto import tqdm
 from transformers import Qwen2ForCausalLM
 from .config import Config, SFTConfig, to_dict
 from .data import make_trace, synthetic_prompt, synthetic_stream
-from .policy import char_tokenizer, pack, tiny_config, token_logprobs
+from .policy import char_tokenizer, completion_logprobs, pack, tiny_config
 
 # %% auto #0
 __all__ = ['lr_at', 'sft_batch', 'sft_loss', 'train_sft']
@@ -41,12 +41,8 @@ def sft_batch(stream, # an iterator of `Problem`s (e.g. `synthetic_stream`)
 # %% ../nbs/03b_sft.ipynb #1e1eef6a
 def sft_loss(model, batch: dict) -> torch.Tensor:
     "Mean negative log-likelihood of the completion tokens"
-    P = batch["prompt_len"]
-    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], position_ids=batch["position_ids"],
-                use_cache=False)
-    lp = token_logprobs(out.logits[:, P - 1:-1], batch["input_ids"][:, P:])
-    m = batch["completion_mask"][:, P:]
-    return -(lp * m).sum() / m.sum()
+    lp = completion_logprobs(model, batch)  # 0 on prompt and padding
+    return -lp.sum() / batch["completion_mask"].sum()
 
 # %% ../nbs/03b_sft.ipynb #213a37ad
 def train_sft(cfg: Config, # uses `cfg.sft`
