@@ -204,7 +204,9 @@ def train(cfg: Config, # the validated config
           progress: bool = True, # show progress bars
           evaluate_every: bool = True, # evaluate before, every `eval_every` steps, and after
           stop_after: int | None = None, # stop (with a checkpoint) after this many steps of this call
-          overwrite: bool = False) -> dict: # start afresh in a run folder that already holds a run
+          overwrite: bool = False, # start afresh in a run folder that already holds a run
+          on_log=None, # called as `on_log(kind, row)` with kind "step" or "eval" after each row is written (live plots)
+          stop_event: threading.Event | None = None) -> dict: # set it (e.g. from a widget's Stop button) to stop after this step
     "Run RL training; returns a summary with the first and last evaluation"
     t = cfg.train
     if cfg.algo.name not in ALGORITHMS:
@@ -247,6 +249,7 @@ def train(cfg: Config, # the validated config
     def log_eval(step):
         evals.append(_eval(model, tok, cfg, eval_set, step, progress))
         with open(eval_path, "a") as f: f.write(json.dumps(evals[-1]) + "\n")
+        if on_log: on_log("eval", evals[-1])
     if evaluate_every and start == 0 and not evals: log_eval(0)
     flag, restore = _stop_on_signals()
     bar = tqdm(range(start, end), desc=f"{cfg.algo.name}", disable=not progress, initial=start, total=t.steps)
@@ -274,11 +277,13 @@ def train(cfg: Config, # the validated config
                        update_s=round(t3 - t2, 4), lr=opt.param_groups[0]["lr"], **rollout_metrics(ro), **am, **um)
             with open(metrics_path, "a") as f: f.write(json.dumps(row) + "\n")
             done = step + 1
+            if on_log: on_log("step", row)
             bar.set_postfix(acc=f"{row['accuracy']:.2f}", len=f"{row['response_tokens_mean']:.0f}")
             # evaluate and checkpoint
             if evaluate_every and t.eval_every and done % t.eval_every == 0 and done < t.steps: log_eval(done)
             if (t.save_every and done % t.save_every == 0) or flag["stop"]: save_checkpoint(run, model, tok, opt, done)
             if flag["stop"]: raise KeyboardInterrupt
+            if stop_event is not None and stop_event.is_set(): break  # checkpointed below, like a finished run
     finally: restore()  # a second Ctrl-C leaves mid-step without saving: the weights may hold part of a step
     if done > start or not ckpt.exists(): save_checkpoint(run, model, tok, opt, done)
     if evaluate_every and done == t.steps and not any(e["step"] == done for e in evals): log_eval(done)  # also after a crash in it
