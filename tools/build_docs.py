@@ -1,56 +1,123 @@
-"""Render every lesson and tutorial in nbs/ into docs/ as HTML with an index page (the path without Quarto).
+"""Render every lesson and tutorial in nbs/ into docs/ as HTML with an index page and navigation (the path without Quarto).
 
 Each notebook is executed (cells flagged `#| gpu`, `#| slow` or `#| eval: false` are skipped; `#| hide` cells run but are
-not shown), then exported with nbconvert. Usage: python tools/build_docs.py [--no-exec] [NOTEBOOK ...]"""
-import argparse, html, re, sys
+not shown), then exported with nbconvert. Every page gets a navigation bar (index, previous, next); links between
+notebooks (`07_bppo.ipynb`) become links between pages. Widgets print their text summary instead of rendering
+(`BPPO_NO_WIDGETS=1`). `--check` only verifies that every local link of the site resolves.
+
+Usage: python tools/build_docs.py [--no-exec] [--out DIR] [--check] [NOTEBOOK ...]"""
+import argparse, html, os, re, sys
 from pathlib import Path
-import nbformat
-from nbclient import NotebookClient
-from nbconvert import HTMLExporter
+from urllib.parse import unquote, urlsplit
 
 root = Path(__file__).resolve().parent.parent
 nbs, docs = root / "nbs", root / "docs"
 SKIP = re.compile(r"^#\|\s*(gpu|slow|eval:\s*false)\s*$", re.M)
 HIDE = re.compile(r"^#\|\s*hide\s*$", re.M)
 DIRECTIVE = re.compile(r"^#\|.*\n?", re.M)
+NAV_CSS = """<style>.bppo-nav{font-family:system-ui,sans-serif;font-size:14px;padding:8px 16px;border-bottom:1px solid #ddd;
+display:flex;gap:1.5em;background:#fafafa}.bppo-nav a{text-decoration:none}</style>"""
 
-def page_name(p: Path) -> str: return re.sub(r"^\d+[a-zA-Z0-9]*_", "", p.stem.lower()) + ".html"
+def page_name(p: Path) -> str:
+    return ("tutorial_" if p.parent.name == "tutorials" else "") + re.sub(r"^\d+[a-zA-Z0-9]*_", "", p.stem.lower()) + ".html"
+
+def all_notebooks() -> list[Path]:
+    return sorted(nbs.glob("*.ipynb")) + sorted((nbs / "tutorials").glob("*.ipynb"))
 
 def title_of(nb) -> str:
     for c in nb.cells:
         if c.cell_type == "markdown" and c.source.lstrip().startswith("# "): return c.source.lstrip()[2:].splitlines()[0]
     return "untitled"
 
-def render(path: Path, execute: bool) -> tuple[str, str, str]:
+def subtitle_of(nb) -> str:
+    return next((l[2:] for c in nb.cells if c.cell_type == "markdown" for l in c.source.splitlines() if l.startswith("> ")), "")
+
+def nav_bar(i: int, pages: list[tuple[str, str]]) -> str:
+    "The bar on page `i` of `pages` [(file, title)]: index, previous, next"
+    link = lambda j, arrow: (f'<a href="{pages[j][0]}">{arrow} {html.escape(pages[j][1])}</a>' if 0 <= j < len(pages) else "")
+    return f'<nav class="bppo-nav"><a href="index.html">bppo_kit · index</a>{link(i - 1, "←")}{link(i + 1, "→")}</nav>'
+
+def fix_links(body: str) -> str:
+    "Links to notebooks (`../07_bppo.ipynb#x`, `tutorials/01_quickstart.ipynb`) point at their pages"
+    names = {p.stem: page_name(p) for p in all_notebooks()}
+    def sub(m):
+        stem = Path(unquote(m.group(2))).stem
+        return f'{m.group(1)}{names[stem]}{m.group(3) or ""}"' if stem in names else m.group(0)
+    return re.sub(r'(href=")([^"#:]+?\.ipynb)(#[^"]*)?"', sub, body)
+
+def render(path: Path, execute: bool):
+    import nbformat
+    from nbclient import NotebookClient
+    from nbconvert import HTMLExporter
     nb = nbformat.read(path, as_version=4)
     for c in nb.cells:
         if c.cell_type == "code" and SKIP.search(c.source): c.metadata.setdefault("tags", []).append("skip-execution")
-    if execute: NotebookClient(nb, timeout=600, resources={"metadata": {"path": str(path.parent)}}).execute()
+    if execute: NotebookClient(nb, timeout=900, resources={"metadata": {"path": str(path.parent)}}).execute()
     nb.cells = [c for c in nb.cells if not (c.cell_type == "code" and HIDE.search(c.source))]
     for c in nb.cells:
         if c.cell_type == "code": c.source = DIRECTIVE.sub("", c.source)
     body, _ = HTMLExporter(template_name="lab").from_notebook_node(nb)
-    sub = next((l[2:] for c in nb.cells if c.cell_type == "markdown" for l in c.source.splitlines() if l.startswith("> ")), "")
-    return title_of(nb), sub, body
+    return title_of(nb), subtitle_of(nb), fix_links(body)
 
-def main():
-    ap = argparse.ArgumentParser(); ap.add_argument("--no-exec", action="store_true"); ap.add_argument("notebooks", nargs="*")
-    a = ap.parse_args()
-    paths = [Path(p).resolve() for p in a.notebooks] or sorted(nbs.glob("*.ipynb")) + sorted((nbs / "tutorials").glob("*.ipynb"))
-    docs.mkdir(exist_ok=True)
+def add_nav(page: str, bar: str) -> str:
+    page = re.sub(r"<nav class=\"bppo-nav\">.*?</nav>", "", page, flags=re.S)  # rebuilt pages get one bar
+    if NAV_CSS not in page: page = page.replace("</head>", NAV_CSS + "</head>", 1)
+    return re.sub(r"(<body[^>]*>)", lambda m: m.group(1) + bar, page, count=1)
+
+def write_site(out: Path):
+    "Navigation on every built page and `index.html` linking them (only pages that exist, so no link is broken)"
+    import nbformat
     rows = []
-    for p in paths:
-        print(f"rendering {p.relative_to(root)}", flush=True)
-        title, sub, body = render(p, not a.no_exec)
-        name = ("tutorial_" if p.parent.name == "tutorials" else "") + page_name(p)
-        (docs / name).write_text(body)
-        rows.append((name, title, sub, p.parent.name == "tutorials"))
+    for p in all_notebooks():
+        if not (out / page_name(p)).exists(): continue
+        nb = nbformat.read(p, as_version=4)
+        rows.append((page_name(p), title_of(nb), subtitle_of(nb), p.parent.name == "tutorials"))
+    order = [(n, t) for n, t, s, u in rows if not u] + [(n, t) for n, t, s, u in rows if u]
+    for i, (n, t) in enumerate(order): (out / n).write_text(add_nav((out / n).read_text(), nav_bar(i, order)))
     items = lambda tut: "\n".join(f'<li><a href="{n}">{html.escape(t)}</a> — {html.escape(s)}</li>' for n, t, s, u in rows if u == tut)
-    (docs / "index.html").write_text(f"""<!doctype html><html><head><meta charset="utf-8"><title>bppo_kit</title>
+    (out / "index.html").write_text(f"""<!doctype html><html><head><meta charset="utf-8"><title>bppo_kit</title>
 <style>body{{font-family:system-ui,sans-serif;max-width:52rem;margin:2rem auto;line-height:1.5}}</style></head><body>
 <h1>bppo_kit</h1><p>Efficient RL for reasoning language models — GRPO, BPPO and T-PPO on one engine, one lesson per component.</p>
-<h2>Lessons</h2><ul>{items(False)}</ul><h2>Tutorials</h2><ul>{items(True) or '<li>(none yet)</li>'}</ul></body></html>
+<h2>Lessons</h2><ul>{items(False) or '<li>(none built)</li>'}</ul>
+<h2>Tutorials</h2><ul>{items(True) or '<li>(none yet)</li>'}</ul></body></html>
 """)
-    print(f"wrote {len(rows)} pages and docs/index.html")
+    return len(rows)
+
+def broken_links(out: Path) -> list[str]:
+    "Every local `href` of every page under `out` that does not resolve to a file (or to an `id` on its page)"
+    bad = []
+    for page in sorted(out.glob("*.html")):
+        text = page.read_text()
+        for href in re.findall(r'<a\s[^>]*href="([^"]*)"', text):
+            u = urlsplit(html.unescape(href))
+            if u.scheme in ("http", "https", "mailto", "data", "javascript"): continue
+            target = page if not u.path else (page.parent / unquote(u.path)).resolve()
+            if not target.is_file(): bad.append(f"{page.name}: {href} (no file)"); continue
+            if u.fragment and target.suffix == ".html":
+                ids = set(re.findall(r'\b(?:id|name)="([^"]*)"', target.read_text()))
+                if not {u.fragment, unquote(u.fragment)} & ids:
+                    bad.append(f"{page.name}: {href} (no anchor)")
+    return bad
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--no-exec", action="store_true", help="render stored outputs only (fast)")
+    ap.add_argument("--out", default=str(docs), help="output folder (default docs/)")
+    ap.add_argument("--check", action="store_true", help="only check the site's local links")
+    ap.add_argument("notebooks", nargs="*")
+    a = ap.parse_args()
+    out = Path(a.out).resolve(); out.mkdir(parents=True, exist_ok=True)
+    if not a.check:
+        os.environ["BPPO_NO_WIDGETS"] = "1"  # kernels inherit it: the widget panel prints its summary on a page
+        paths = [Path(p).resolve() for p in a.notebooks] or all_notebooks()
+        for p in paths:
+            print(f"rendering {p.relative_to(root)}", flush=True)
+            title, sub, body = render(p, not a.no_exec)
+            (out / page_name(p)).write_text(body)
+        print(f"wrote {write_site(out)} pages and {out / 'index.html'}")
+    bad = broken_links(out)
+    for b in bad: print("broken link:", b)
+    if bad: sys.exit(1)
+    print(f"links ok: {len(list(out.glob('*.html')))} pages")
 
 if __name__ == "__main__": main()
