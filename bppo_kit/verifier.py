@@ -19,6 +19,7 @@ import time
 import warnings
 from collections import OrderedDict, deque
 from dataclasses import dataclass
+from decimal import Decimal
 from fractions import Fraction
 from functools import lru_cache
 from multiprocessing.connection import wait as _wait_conns
@@ -81,22 +82,24 @@ def last_boxed(text: str) -> str | None:
 # %% ../nbs/01_verifier.ipynb #5ae1e95e
 _HASH = re.compile(r"####[ \t]*([^\n]{0,300})")
 _PHRASE = re.compile(r"(?im)(?:\b(?:the|my)\s+(?:final\s+)?answer\s+is\b\s*:?|\bfinal\s+answer\s*(?:is\b|:)\s*:?"
-                     r"|^[ \t*#]*answer\s*[:=])[ \t]*([^\n]{0,300})")  # "check our answer: ..." is not one
+                     r"|^[ \t*#]*answer\s*[:=])[ \t*]*([^\n]{0,300})")  # "check our answer: ..." is not one
 _SPAN = re.compile(r"\$\$(.{1,1000}?)\$\$|\$(.{1,1000}?)\$|\\\((.{1,1000}?)\\\)|\\\[(.{1,1000}?)\\\]", re.DOTALL)
 _NUMBER = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?(?!\d)|-?\d+(?:\.\d+)?(?:/\d+)?|-?\.\d+")
 _CALC = re.compile(r"<<[^<>\n]{0,200}>>")
 _COMMAND_OR_TEXT = re.compile(r"\\(?:text|textbf|mathrm|mbox|begin|end)\s*\{[^{}]{0,100}\}|\\[A-Za-z]+")
-_BARE_WORDS = {"and", "or", "sqrt", "pi", "infty", "inf", "infinity", "percent", "dollars", "cents", "degrees", "units"}
+_BARE_WORDS = {"and", "or", "sqrt", "pi", "infty", "inf", "infinity", "percent", "dollars", "cents", "degrees", "units",
+               "thousand", "million", "billion", "trillion"}
 
 def _span_content(m: re.Match) -> str: return next(g for g in m.groups() if g is not None).strip()
 
 def _phrase_answer(s: str) -> str:
     "The answer in the text that follows 'the answer is': a leading math span, or the sentence up to its end"
-    s = s.strip()
+    s = s.strip().strip("*").strip()  # markdown bold: **Answer:** 5, the answer is **5**
     m = _SPAN.match(s)
     if m: return _span_content(m)
     s = re.split(r"(?<=\S)\.(?:\s|$)|;| because | since | as | so ", s, maxsplit=1)[0]
-    return s.strip().rstrip(".")
+    s = re.sub(r"(?<=\S)\s+\([A-Za-z][A-Za-z ]+\)$", "", s.strip().rstrip("."))  # 7 (seven)
+    return s.strip().rstrip(".").strip("*").strip()
 
 def looks_bare(text: str) -> bool:
     "Is `text` itself an answer (short, and no prose words outside LaTeX commands), like `$\\frac12$` or `7,425,000`?"
@@ -114,8 +117,8 @@ def extract_answer(text: str, # the model's response (or a bare answer)
     found = []  # (position, answer, how) of the last anchor of each kind
     h = [m for m in _HASH.finditer(text) if m.group(1).strip()]
     if h: found.append((h[-1].start(), h[-1].group(1).strip().rstrip("."), "hash"))
-    b = _boxed_spans(text)
-    if b and b[-1][1]: found.append((b[-1][0], b[-1][1], "boxed"))
+    b = [x for x in _boxed_spans(text) if x[1]]  # an empty \boxed{} answers nothing
+    if b: found.append((b[-1][0], b[-1][1], "boxed"))
     p = [m for m in _PHRASE.finditer(text) if m.group(1).strip()]
     if p:
         a = _phrase_answer(p[-1].group(1))
@@ -162,7 +165,8 @@ def gold_answer(gold, # the reference: bare, `... #### N`, a solution with `\box
 # %% ../nbs/01_verifier.ipynb #c794ed10
 _UNICODE = str.maketrans({"−": "-", "–": "-", "—": "-", "×": "\\times ", "·": "\\cdot ", "÷": "\\div ", "π": "\\pi ",
                           "∞": "\\infty ", "≤": "\\le ", "≥": "\\ge ", "≠": "\\ne ", "√": "\\sqrt ", "°": "^\\circ ",
-                          "\u00a0": " ", "，": ",", "＄": "$"})
+                          "\u00a0": " ", "，": ",", "＄": "$", "½": "\\frac{1}{2}", "⅓": "\\frac{1}{3}", "⅔": "\\frac{2}{3}",
+                          "¼": "\\frac{1}{4}", "¾": "\\frac{3}{4}", "⅛": "\\frac{1}{8}", "²": "^2", "³": "^3"})
 _PLAIN_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 _UNIT_WORDS = re.compile(r"^(.*?[\d}\)])\s*((?:(?!(?:arc)?(?:sin|cos|tan|cot|sec|csc|log|exp)\b)[A-Za-z]{3,}|cm|mm|km|ft|in|yd|mi|kg|mg|ml|hr|oz|lb)\.?"
                          r"(?:\s+[A-Za-z]{2,}\.?){0,3})\s*(?:\^\s*\{?[23]\}?)?$")
@@ -185,6 +189,52 @@ def _unwrap(s: str, cmd: str) -> str:
     return "".join(out) + s[i:]
 
 _BASE = re.compile(r"((?=[0-9A-F]*\d)[0-9A-F]{1,40})\s*_\s*\{?\s*(\d{1,2})\s*\}?")  # 52_8, 1A_{16}
+_TRIG = re.compile(r"\\(?:arc)?(?:sin|cos|tan|cot|sec|csc)(?![A-Za-z])")
+_DEG = r"\^\s*(?:\{\s*\\circ\s*\}|\\circ)"  # ^\circ, ^{\circ}
+_DEGREE = re.compile(_DEG + r"|\\circ(?![A-Za-z])")
+_TEXT_UNIT = re.compile(r"(.*?[\w})\]])\s*\\(text|textrm|mbox|mathrm)\s*\{\s*([A-Za-z][A-Za-z./ ]{0,40}|)\s*\}"
+                        r"\s*(?:\^\s*\{?\s*[23]\s*\}?)?")  # 15\text{ cm}^2, 8\pi \mbox{ inches}
+
+def _drop_text_unit(s: str) -> str:
+    "`s` without a trailing `\\text{unit}` written after a quantity (`\\mathrm{e}`, `\\mathrm{i}` are constants, not units)"
+    m = _TEXT_UNIT.fullmatch(s)
+    if not m or not re.search(r"\d|\\pi", m.group(1)) or (m.group(2) == "mathrm" and m.group(3) in ("e", "i")): return s
+    return m.group(1)
+
+_SCALE = {"thousand": 3, "million": 6, "billion": 9, "trillion": 12}
+_SMALL = "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen " \
+         "seventeen eighteen nineteen twenty".split()
+_TENS = dict(zip("twenty thirty forty fifty sixty seventy eighty ninety".split(), range(20, 100, 10)))
+
+def _number_word(s: str) -> str:
+    "`s` in digits if it is a number word below 100 (`seven`, `Twenty-five`), else `s`"
+    w = s.lower().split("-")
+    if len(w) == 1 and w[0] in _SMALL: return str(_SMALL.index(w[0]))
+    if len(w) == 1 and w[0] in _TENS: return str(_TENS[w[0]])
+    if len(w) == 2 and w[0] in _TENS and w[1] in _SMALL[1:10]: return str(_TENS[w[0]] + _SMALL.index(w[1]))
+    return s
+
+_OPS = [(r"\\leq?(?![A-Za-z])|\\leqslant", "<="), (r"\\geq?(?![A-Za-z])|\\geqslant", ">="), (r"\\lt(?![A-Za-z])", "<"), (r"\\gt(?![A-Za-z])", ">")]
+_OR = re.compile(r"\\(?:text|textrm|mbox|mathrm)\s*\{\s*or\s*\}|\\lor(?![A-Za-z])|\\vee(?![A-Za-z])|\\cup(?![A-Za-z])|\s+or\s+")
+
+def _interval(p: str):
+    "(variable, interval) for one inequality in one variable (`x > 2`, `3 >= x`, `-1 < x <= 4`), or None"
+    def side(v, op, b):  # the interval of `v op b`
+        return {"<": f"(-\\infty, {b})", "<=": f"(-\\infty, {b}]", ">": f"({b}, \\infty)", ">=": f"[{b}, \\infty)"}[op]
+    flip = {"<": ">", "<=": ">=", ">": "<", ">=": "<="}
+    if m := re.fullmatch(r"([A-Za-z])\s*(<=|>=|<|>)\s*([^<>=]+)", p): return m.group(1), side(*m.groups())
+    if m := re.fullmatch(r"([^<>=]+?)\s*(<=|>=|<|>)\s*([A-Za-z])", p): return m.group(3), side(m.group(3), flip[m.group(2)], m.group(1))
+    if m := re.fullmatch(r"([^<>=]+?)\s*(<=|<)\s*([A-Za-z])\s*(<=|<)\s*([^<>=]+)", p):
+        return m.group(3), ("[" if m.group(2) == "<=" else "(") + f"{m.group(1)}, {m.group(5)}" + ("]" if m.group(4) == "<=" else ")")
+    return None
+
+def _inequality_union(s: str) -> str:
+    "`x < 2 or x > 3` as the union of intervals `(-\\infty, 2) \\cup (3, \\infty)`; `s` itself unless every part is an inequality in one variable"
+    t = s
+    for pat, op in _OPS: t = re.sub(pat, op, t)
+    parts = [_interval(p.strip()) for p in _OR.split(t)]
+    if len(parts) < 2 or None in parts or len({v for v, _ in parts}) != 1: return s
+    return " \\cup ".join(i for _, i in parts)
 
 def normalize_answer(s: str) -> str:
     "`s` as a grader reads it: delimiters, spacing, units, `\\text{}`, degrees, currency and choice letters stripped"
@@ -198,18 +248,29 @@ def normalize_answer(s: str) -> str:
     s = re.sub(r"\\(?:left|right)(?![A-Za-z])|\\(?:displaystyle|textstyle)(?![A-Za-z])", "", s)
     s = re.sub(r"(?<!\\)\\[!,;: ]|\\q?quad(?![A-Za-z])|~", " ", s)
     s = re.sub(r"\\[dt]frac(?![A-Za-z])", r"\\frac", s)
-    s = re.sub(r"\^\s*\{?\s*\\circ\s*\}?|\\circ(?![A-Za-z])", "", s)
+    s = re.sub(r"\\[lr]angle(?![A-Za-z])", lambda m: "(" if m.group()[1] == "l" else ")", s)  # vectors <1, 2>
+    if "circ" in s:  # degrees: radians inside a trig function (sin 30° = 1/2), else only a unit to drop
+        if _TRIG.search(s): s = re.sub(r"(\d+(?:\.\d+)?)\s*" + _DEG, r"(\1\\pi/180)", s)
+        s = _DEGREE.sub("", s)
+    if ("<" in s or ">" in s or "\\le" in s or "\\ge" in s or "\\lt" in s or "\\gt" in s) and ("or" in s or "\\cup" in s or "\\vee" in s):
+        s = _inequality_union(s)
     s = re.sub(r"\\(?:text|textrm|mbox|mathrm)\s*\{\s*(?:or|and)\s*\}", ",", s)
+    if "\\text" in s or "\\mbox" in s or "\\mathrm" in s: s = _drop_text_unit(s)
     for cmd in ("textbf", "textit", "textrm", "text", "mbox", "mathrm", "mathbf", "operatorname"):
         if "\\" + cmd in s: s = _unwrap(s, cmd)
-    s = s.replace("\\%", "%").replace("\\$", "").replace("$", "")
+    s = s.replace("\\%", "%").replace("\\$", "").replace("$", "").replace("\\textdollar", "")
+    s = re.sub(r"\\varnothing(?![A-Za-z])", r"\\emptyset", s)
     s = re.sub(r"\s+(?:or|and)\s+", ", ", s)
     s = re.sub(r"(?<![A-Za-z])\\?sqrt\s*\(([^()]{1,100})\)", r"\\sqrt{\1}", s)  # sqrt(2) -> \sqrt{2}
     s = re.sub(r"(?<![\\A-Za-z])(sqrt|pi|infty)(?![A-Za-z])", r"\\\1", s)
-    s = re.sub(r"(?<![\\A-Za-z])(?:infinity|inf)(?![A-Za-z])", r"\\infty", s)
+    s = re.sub(r"(?<![A-Za-z])\\?(?:infinity|infin|inf)(?![A-Za-z])", r"\\infty", s)
+    s = re.sub(r"^\*\*(.+)\*\*$", r"\1", s)  # markdown bold
     s = s.replace("**", "^").strip().rstrip(".").strip()
     m = re.fullmatch(r"(.*?\d)\s*(?:percent|pct)\.?", s)
     if m: s = m.group(1) + "%"
+    m = re.fullmatch(r"(-?\d+(?:\.\d+)?)\s*(thousand|million|billion|trillion)\b(.*)", s)  # 1.5 million: a number, not a unit
+    if m: s = f"{Decimal(m.group(1)) * 10 ** _SCALE[m.group(2)]:f}{m.group(3)}"
+    if s.isalpha() or "-" in s and s.replace("-", "").isalpha(): s = _number_word(s)
     m = _UNIT_WORDS.fullmatch(s)
     if m and re.search(r"\d", m.group(1)) and not m.group(2).startswith(("or ", "and ")): s = m.group(1).strip()
     m = re.fullmatch(r"\(?([A-Ea-e])\)(?:\s.*)?|\(([A-E])\)?|([A-E])", s)  # multiple choice: (C), C), \textbf{(C)} 12
@@ -221,20 +282,28 @@ def normalize_answer(s: str) -> str:
     return s.strip()
 
 # %% ../nbs/01_verifier.ipynb #82247455
-_NUM_RE = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|[-+]?\.\d+")
+_NUM_RE = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d{1,3}(?: \d{3})+|\d+)(?:\.\d+)?|[-+]?\.\d+")  # 1,234 and 1 234
 _FRAC_RE = re.compile(r"(-?)\\frac\s*(?:\{\s*(-?\d+)\s*\}|(\d))\s*(?:\{\s*(\d+)\s*\}|(\d))")
 _SCI_RE = re.compile(r"(.+?)\s*(?:\\times|\\cdot|\*|x)\s*10\s*\^\s*\{?\s*(-?\d{1,3})\s*\}?")
+_E_RE = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)[eE][-+]?\d{1,3}")  # 2.5e3
+_REPEAT_RE = re.compile(r"(-?)(\d*)\.(\d*)\\(?:overline|bar)\s*\{?(\d{1,20})\}?")  # 0.1\overline{6} = 1/6
+
+def _repeating(m: re.Match) -> Fraction:
+    "The value of a repeating decimal matched by `_REPEAT_RE`"
+    whole, head, rep = m.group(2) or "0", m.group(3), m.group(4)
+    v = int(whole) + (Fraction(int(head or "0")) + Fraction(int(rep), 10 ** len(rep) - 1)) / 10 ** len(head)
+    return -v if m.group(1) else v
 
 def _plain(s: str) -> Fraction | None:
     if not _NUM_RE.fullmatch(s): return None
-    return Fraction(s.replace(",", ""))
+    return Fraction(s.replace(",", "").replace(" ", ""))
 
 def to_number(s: str) -> Fraction | None:
     "`s` as an exact `Fraction` if it is a plain number (1,234 / 2.5 / -3 / 3/4 / \\frac{3}{4} / 2\\frac12 / 50% / $7 / 1.5\\times10^3), else None"
     if not isinstance(s, str): return None
     s = s.strip()
     if len(s) > 64: return None
-    if "\\" in s or "$" in s or "%" in s or " " in s: s = re.sub(r"(?<!\d) | (?!\d)", "", normalize_answer(s))
+    if "\\" in s or "$" in s or "%" in s or " " in s or not s.isascii(): s = re.sub(r"(?<!\d) | (?!\d)", "", normalize_answer(s))
     pct = s.endswith("%")
     s = s.rstrip("%")
     if not s or len(s) > 64: return None
@@ -246,9 +315,14 @@ def to_number(s: str) -> Fraction | None:
             v = Fraction(-num if m.group(1) else num, den) if den else None
         elif re.fullmatch(r"-?\d+/\d+", s):
             n, d = s.split("/"); v = Fraction(int(n), int(d)) if int(d) else None
-        elif (m := re.fullmatch(r"(-?)(\d+)\\frac\{(\d+)\}\{(\d+)\}", s)) and int(m.group(4)):
-            v = int(m.group(2)) + Fraction(int(m.group(3)), int(m.group(4)))  # mixed number 2\frac{1}{2}
+        elif (m := re.fullmatch(r"(-?)(\d+)\\frac(?:\{(\d+)\}|(\d))(?:\{(\d+)\}|(\d))", s)) and int(m.group(5) or m.group(6)):
+            v = int(m.group(2)) + Fraction(int(m.group(3) or m.group(4)), int(m.group(5) or m.group(6)))  # 2\frac{1}{2}, 2\frac12
             v = -v if m.group(1) else v
+        elif (m := re.fullmatch(r"(-?)(\d+) (\d+)/(\d+)", s)) and int(m.group(4)):  # mixed number 2 1/2
+            v = int(m.group(2)) + Fraction(int(m.group(3)), int(m.group(4)))
+            v = -v if m.group(1) else v
+        elif _E_RE.fullmatch(s): v = Fraction(s)
+        elif m := _REPEAT_RE.fullmatch(s): v = _repeating(m)
         elif (m := _SCI_RE.fullmatch(s)) and (a := _plain(m.group(1))) is not None:
             v = a * Fraction(10) ** int(m.group(2))
     return v / 100 if (v is not None and pct) else v
@@ -258,7 +332,7 @@ _ASSIGN = re.compile(r"\s*[A-Za-z](?:_\{?\w{1,3}\}?)?\s*=\s*([^=]+)")
 
 def _key(s: str) -> str:
     "A comparison key: no whitespace, and lower case for plain words"
-    k = re.sub(r"\s+", "", s)
+    k = re.sub(r"(?<!\d)\s+|\s+(?!\d)", "", s)  # "2 5" is not 25 (1 000 is, as a number: `to_number`)
     return k.lower() if re.fullmatch(r"[A-Za-z'\-]+", k) else k
 
 def _split_top(s: str) -> list[str]:
@@ -272,6 +346,16 @@ def _split_top(s: str) -> list[str]:
 
 _COLUMN = re.compile(r"\\begin\{[pb]matrix\}([^&]*?)\\end\{[pb]matrix\}", re.DOTALL)
 
+def _expand_pm(f: str) -> str:
+    "`f` with each comma-separated part that holds one `\\pm` (or `\\mp`) written as its two values"
+    if "\\pm" not in f and "\\mp" not in f: return f
+    out = []
+    for p in _split_top(f):
+        if p.count("\\pm") + p.count("\\mp") == 1:
+            out += [p.replace("\\pm", "+").replace("\\mp", "-"), p.replace("\\pm", "-").replace("\\mp", "+")]
+        else: out.append(p)
+    return ", ".join(x.strip() for x in out)
+
 def answer_forms(s: str, other: str) -> list[str]:
     "Normalized forms of `s` worth comparing with `other`: itself, its right-hand sides if `other` has no `=`, a column vector as a tuple if `other` is one"
     n, o = normalize_answer(s), normalize_answer(other)
@@ -283,6 +367,8 @@ def answer_forms(s: str, other: str) -> list[str]:
     if _BASE.fullmatch(n) and "_" not in o: forms.append(n.split("_")[0])  # 52_8 vs 52: the base was implied
     m = _COLUMN.fullmatch(n)
     if m and o.startswith("("): forms.append("(" + ", ".join(x.strip() for x in m.group(1).split("\\\\")) + ")")
+    if "\\pm" not in o and "\\mp" not in o:  # 1 \pm \sqrt2 is two answers: 1+\sqrt2, 1-\sqrt2
+        forms += [e for e in map(_expand_pm, forms) if e not in forms]
     return forms
 
 def _terminating(q: Fraction) -> bool:
@@ -298,7 +384,7 @@ def numbers_equal(a: str, b: str) -> bool | None:
     if x == y: return True
     pa, pb = a.rstrip().endswith("%"), b.rstrip().endswith("%")
     if (pa and x * 100 == y) or (pb and y * 100 == x): return True
-    decimal = lambda s: "." in s and "/" not in s and "frac" not in s
+    decimal = lambda s: "." in s and "/" not in s and "frac" not in s and "overline" not in s and "bar" not in s
     if (decimal(a) and not _terminating(y)) or (decimal(b) and not _terminating(x)): return None  # rounding question
     return False
 
@@ -348,13 +434,26 @@ def _mv():
     if not _MV:
         logging.getLogger("math_verify").setLevel(logging.CRITICAL)  # it warns when its own (signal) timeout is off
         from math_verify import LatexExtractionConfig, parse, verify
-        _MV.update(parse=parse, verify=verify, cfg=[LatexExtractionConfig(boxed_match_priority=0)])
+        from latex2sympy2_extended import NormalizationConfig
+        # units=False: its unit list holds single letters (a, c, d, h, m, s, t ...), so `2ab` would parse as 2 and
+        # `4a+3d` as 4a+3; `normalize_answer` drops real units itself
+        norm = NormalizationConfig(basic_latex=True, units=False, malformed_operators=True, nits=True, boxed="all", equations=False)
+        _MV.update(parse=parse, verify=verify, cfg=[LatexExtractionConfig(boxed_match_priority=0, normalization_config=norm)])
     return _MV
+
+_LETTER = re.compile(r"\\[A-Za-z]+|[A-Za-z]")
+
+def _imaginary(s: str) -> str:
+    "`s` with `i` written `I` (the parser's imaginary unit) when it is the only variable in `s`: `i^2` is -1, but `x_i` keeps its index"
+    if "i" not in s: return s
+    letters = {t for t in _LETTER.findall(s) if not t.startswith("\\")}
+    if "i" not in letters or letters - {"i", "e"}: return s
+    return re.sub(r"(?<![\\A-Za-z])i(?![A-Za-z])", "(I)", s)  # in parentheses: the parser drops the power of a bare I^2
 
 @lru_cache(maxsize=4096)
 def _parse_latex(s: str):
     mv = _mv()
-    return tuple(mv["parse"](f"${s}$", extraction_config=mv["cfg"], parsing_timeout=None))
+    return tuple(mv["parse"](f"${_imaginary(s)}$", extraction_config=mv["cfg"], parsing_timeout=None))
 
 def symbolic_equal(preds: list[str], # normalized forms of the prediction
                    golds: list[str]) -> bool: # normalized forms of the gold answer
