@@ -6,14 +6,17 @@ Docs: https://bppo-kit.github.io/bppo_kit/rollout.html.md"""
 
 # %% ../nbs/04_rollout.ipynb #231357ab
 from __future__ import annotations
-import time
+import math, time
+from collections import deque
 from dataclasses import dataclass, field
 import torch
+import torch.nn.functional as F
 from tqdm.auto import tqdm
 from .policy import token_logprobs
 
 # %% auto #0
-__all__ = ['SamplingParams', 'Completion', 'trim', 'HFEngine']
+__all__ = ['SamplingParams', 'Completion', 'trim', 'HFEngine', 'hf_batch_available', 'HFBatchEngine', 'idle_fraction', 'mix32',
+           'gumbel_noise', 'filter_logits', 'sample_tokens', 'Request', 'KitEngine']
 
 # %% ../nbs/04_rollout.ipynb #f087151a
 @dataclass
@@ -38,7 +41,9 @@ class Completion:
     completion_ids: list[int]  # generated tokens, ending with the stop token if one was produced
     text: str  # the completion decoded without special tokens
     logprobs: list[float]  # log p of each completion token under the sampling temperature, before truncation
-    finish_reason: str  # "eos" (a stop token), "length" (max_new_tokens), "window" (paused by a windowed engine)
+    finish_reason: str  # "eos" (a stop token), "length" (max_new_tokens), "window" (paused by a windowed engine), "cancelled"
+    seed: int | None = None  # KitEngine: the request's sampling seed and id, so a paused request resumes with the same noise
+    uid: int | None = None
 
     @property
     def n_tokens(self) -> int: return len(self.completion_ids)
@@ -92,3 +97,335 @@ class HFEngine:
         self.stats["seconds"] += time.time() - t0; self.stats["calls"] += 1
         self.stats["generated_tokens"] += sum(c.n_tokens for c in out)
         return out
+
+# %% ../nbs/04_rollout.ipynb #78a3f91a
+def hf_batch_available(model) -> bool:
+    "Whether the installed transformers offers `generate_batch` (continuous batching)"
+    return callable(getattr(model, "generate_batch", None))
+
+class HFBatchEngine:
+    "Generation with transformers' continuous batching (`model.generate_batch`)"
+    def __init__(self, model, tok, progress: bool = False):
+        if not hf_batch_available(model): raise ImportError("this transformers has no generate_batch; upgrade transformers or use HFEngine")
+        self.model, self.tok, self.progress = model, tok, progress
+        self.stats = dict(generated_tokens=0, seconds=0.0, calls=0)
+
+    @torch.no_grad()
+    def generate(self, prompts: list[str], n: int = 1, sampling: SamplingParams | None = None) -> list[Completion]:
+        "`n` completions of each prompt, grouped by prompt: index `i*n + j` is sample `j` of prompt `i`"
+        from transformers import GenerationConfig
+        from transformers.generation import ContinuousBatchingConfig
+        sp = sampling or SamplingParams()
+        if n < 1: raise ValueError(f"n must be >= 1, got {n}")
+        if not prompts: return []
+        ids = [self.tok(p)["input_ids"] for p in prompts]
+        if any(len(x) == 0 for x in ids): raise ValueError("empty prompt")
+        if sp.seed is not None: torch.manual_seed(sp.seed)
+        stop = sorted({self.tok.eos_token_id, *sp.stop_token_ids})
+        gc = GenerationConfig(max_new_tokens=sp.max_new_tokens, do_sample=sp.temperature > 0, eos_token_id=stop,
+                              pad_token_id=self.tok.pad_token_id,
+                              **(dict(temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k) if sp.temperature > 0 else {}))
+        flat = [x for x in ids for _ in range(n)]
+        t0 = time.time()
+        res = self.model.generate_batch(inputs=flat, generation_config=gc, progress_bar=self.progress,
+                                        continuous_batching_config=ContinuousBatchingConfig(return_logprobs=sp.logprobs))
+        outs = list(res.values())
+        order = sorted(range(len(outs)), key=lambda k: int(str(outs[k].request_id).rsplit("_", 1)[-1]))
+        cs = []
+        for r, k in enumerate(order):
+            o = outs[k]
+            if o.error: raise RuntimeError(f"generate_batch failed: {o.error}")
+            toks, why = trim(list(o.generated_tokens), set(stop))
+            cs.append(Completion(r // n, flat[r], toks, self.tok.decode(toks, skip_special_tokens=True),
+                                 list(o.logprobs or [])[:len(toks)], why))
+        self.stats["seconds"] += time.time() - t0; self.stats["calls"] += 1
+        self.stats["generated_tokens"] += sum(c.n_tokens for c in cs)
+        return cs
+
+# %% ../nbs/04_rollout.ipynb #a766519c
+def idle_fraction(completions: list[Completion], batch: int) -> float:
+    "Share of decoding row-steps wasted on finished rows when `completions` are decoded `batch` rows at a time"
+    lens = [c.n_tokens for c in completions]
+    if not lens: return 0.0
+    chunks = [lens[i:i + batch] for i in range(0, len(lens), batch)]
+    work = sum(len(ch) * max(ch) for ch in chunks)
+    return 1 - sum(lens) / work
+
+# %% ../nbs/04_rollout.ipynb #70994e68
+_M32 = 0xFFFFFFFF
+
+def _mul32(a: torch.Tensor, c: int) -> torch.Tensor:
+    "(a * c) mod 2^32 for int64 tensors holding values in [0, 2^32), without overflowing int64"
+    return ((((a >> 16) * c) & 0xFFFF) << 16) + ((a & 0xFFFF) * c) & _M32
+
+def mix32(x: torch.Tensor) -> torch.Tensor:
+    "A 32-bit integer hash (Wellons' lowbias32) of int64 tensors holding values in [0, 2^32)"
+    x = x ^ (x >> 16); x = _mul32(x, 0x7FEB352D); x = x ^ (x >> 15); x = _mul32(x, 0x846CA68B)
+    return x ^ (x >> 16)
+
+def gumbel_noise(seed: torch.Tensor, uid: torch.Tensor, t: torch.Tensor, vocab: int) -> torch.Tensor:
+    "Gumbel(0, 1) noise `[n, vocab]`, a pure function of each row's (seed, request id, token index)"
+    key = mix32(mix32(mix32(seed & _M32) ^ (uid & _M32)) ^ (t & _M32))
+    v = torch.arange(vocab, device=key.device)
+    h = mix32((key[:, None] + _mul32(v, 0x9E3779B1)[None]) & _M32)
+    u = ((h >> 8).float() + 0.5) / 2 ** 24  # 24 bits: exactly representable, strictly inside (0, 1)
+    return -torch.log(-torch.log(u))
+
+# %% ../nbs/04_rollout.ipynb #ab220d73
+def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+    "`logits [n, V]` with tokens outside top-k / top-p set to -inf (HF's order: top-k, then top-p)"
+    if top_k and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        srt, idx = torch.sort(logits, dim=-1)  # ascending
+        cum = srt.softmax(-1).cumsum(-1)
+        drop = cum <= 1 - top_p
+        drop[..., -1] = False  # keep at least the most likely token
+        logits = logits.masked_fill(drop.scatter(-1, idx, drop), float("-inf"))
+    return logits
+
+def sample_tokens(logits: torch.Tensor, temperature: float, top_k: int, top_p: float,
+                  seed: torch.Tensor, uid: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    "Next tokens for `logits [n, V]` (greedy when `temperature` is 0) and their log-probs under the temperature"
+    lp = torch.log_softmax(logits / (temperature or 1.0), -1)
+    if temperature == 0: nxt = logits.argmax(-1)
+    else: nxt = (filter_logits(logits / temperature, top_k, top_p) + gumbel_noise(seed, uid, t, logits.shape[-1])).argmax(-1)
+    return nxt, lp.gather(-1, nxt[:, None])[:, 0]
+
+# %% ../nbs/04_rollout.ipynb #c5fb2e18
+@dataclass
+class Request:
+    prompt_ids: list[int]
+    prompt_index: int = 0  # which prompt of the caller's list
+    uid: int = 0  # request id within its seed: keys the sampling noise
+    seed: int = 0
+    prefix: list[int] = field(default_factory=list)  # tokens generated by earlier calls (window mode)
+    prefix_logprobs: list[float] = field(default_factory=list)
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    "Rotary embedding as in Llama/Qwen2 (rotate-half form); cos, sin broadcast over heads"
+    h = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., h:], x[..., :h]), -1) * sin
+
+class KitEngine:
+    "Continuous batching over a slot KV cache, for HF causal LMs of the Llama / Qwen2 / Qwen3 families"
+    FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
+    def __init__(self, model, tok, max_slots: int = 256, # decoding slots (requests decoded at once)
+                 prefill_batch: int = 64, # most requests prefilled in one forward
+                 progress: bool = False):
+        cfg = model.config
+        if getattr(cfg, "model_type", None) not in self.FAMILIES:
+            raise ValueError(f"KitEngine supports {', '.join(self.FAMILIES)} models, not {getattr(cfg, 'model_type', None)!r}; use HFEngine")
+        if getattr(cfg, "use_sliding_window", False): raise ValueError("KitEngine has no sliding-window attention; use HFEngine")
+        if max_slots < 1 or prefill_batch < 1: raise ValueError("max_slots and prefill_batch must be >= 1")
+        self.model, self.tok, self.max_slots, self.prefill_batch, self.progress = model, tok, max_slots, prefill_batch, progress
+        self.core = model.model
+        a = self.core.layers[0].self_attn
+        self.n_heads, self.n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.scale = getattr(a, "scaling", self.head_dim ** -0.5)
+        self.ctx = getattr(cfg, "max_position_embeddings", None)
+        self.cache = None  # (keys, values): per layer [slots, kv_heads, max_len, head_dim], reused across calls
+        self.stats = dict(generated_tokens=0, seconds=0.0, calls=0, decode_steps=0, prefills=0, slot_steps=0, busy_slot_steps=0)
+
+    # --- the model, one layer at a time, with the slot cache ---
+    def _layers(self, x, pos, write, attend):
+        "Run every layer on `x [n, T, H]` at positions `pos [n, T]`; `write(l, k, v)` stores keys/values, `attend(l, q, k, v)` attends"
+        cos, sin = self.core.rotary_emb(x, pos)
+        cos, sin = cos[:, None], sin[:, None]
+        n, T, _ = x.shape
+        for l, layer in enumerate(self.core.layers):
+            a = layer.self_attn
+            h = layer.input_layernorm(x)
+            q = a.q_proj(h).view(n, T, self.n_heads, self.head_dim)
+            k = a.k_proj(h).view(n, T, self.n_kv, self.head_dim)
+            v = a.v_proj(h).view(n, T, self.n_kv, self.head_dim).transpose(1, 2)
+            if hasattr(a, "q_norm"): q, k = a.q_norm(q), a.k_norm(k)  # Qwen3
+            q, k = _rope(q.transpose(1, 2), cos, sin), _rope(k.transpose(1, 2), cos, sin)
+            write(l, k, v)
+            o = attend(l, q, k, v).transpose(1, 2).reshape(n, T, -1)
+            x = x + a.o_proj(o)
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        return x
+
+    def _sdpa(self, q, k, v, **kw):
+        if self.n_kv != self.n_heads:
+            r = self.n_heads // self.n_kv
+            k, v = k.repeat_interleave(r, 1), v.repeat_interleave(r, 1)
+        return F.scaled_dot_product_attention(q, k, v, scale=self.scale, **kw)
+
+    def _logits(self, x):
+        return self.model.lm_head(self.core.norm(x)).float()
+
+    def _prefill(self, ids: list[list[int]], slot0: int):
+        "Prefill requests into slots `slot0…`; returns the logits after each one's last token"
+        K, V = self.cache
+        m, P, dev = len(ids), max(map(len, ids)), K[0].device
+        t = torch.zeros(m, P, dtype=torch.long, device=dev)
+        for i, x in enumerate(ids): t[i, :len(x)] = torch.tensor(x)  # right padding: causal attention never sees it
+        pos = torch.arange(P, device=dev)[None].expand(m, P)
+        def write(l, k, v): K[l][slot0:slot0 + m, :, :P] = k; V[l][slot0:slot0 + m, :, :P] = v
+        x = self._layers(self.core.embed_tokens(t), pos, write, lambda l, q, k, v: self._sdpa(q, k, v, is_causal=True))
+        last = torch.tensor([len(z) - 1 for z in ids], device=dev)
+        self.stats["prefills"] += 1
+        return self._logits(x[torch.arange(m, device=dev), last])
+
+    def _decode(self, cur: list[int], pos: list[int]):
+        "One decoding step: feed each busy slot's current token at its position; returns next-token logits"
+        K, V = self.cache
+        n, dev = len(cur), K[0].device
+        T = max(pos) + 1
+        p = torch.tensor(pos, device=dev)
+        rows = torch.arange(n, device=dev)
+        mask = (torch.arange(T, device=dev)[None] <= p[:, None])[:, None, None]  # [n, 1, 1, T]
+        def write(l, k, v): K[l][rows, :, p] = k[:, :, 0]; V[l][rows, :, p] = v[:, :, 0]
+        def attend(l, q, k, v): return self._sdpa(q, K[l][:n, :, :T], V[l][:n, :, :T], attn_mask=mask)
+        x = self._layers(self.core.embed_tokens(torch.tensor(cur, device=dev)[:, None]), p[:, None], write, attend)
+        return self._logits(x[:, 0])
+
+    def _ensure_cache(self, slots: int, length: int):
+        K = self.cache[0] if self.cache else None
+        if K is not None and K[0].shape[0] >= slots and K[0].shape[2] >= length: return
+        if K is not None: slots, length = max(slots, K[0].shape[0]), max(length, K[0].shape[2])
+        self.cache = None  # free the old cache before allocating the new one
+        # zeros, not empty: masked positions get weight 0 in attention, and 0 * NaN garbage would still be NaN
+        p = next(self.model.parameters())
+        shape = (slots, self.n_kv, length, self.head_dim)
+        L = len(self.core.layers)
+        self.cache = ([torch.zeros(shape, dtype=p.dtype, device=p.device) for _ in range(L)],
+                      [torch.zeros(shape, dtype=p.dtype, device=p.device) for _ in range(L)])
+
+    def _stop_ids(self, sp: SamplingParams) -> set[int]:
+        gen_eos = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
+        return {self.tok.eos_token_id, *sp.stop_token_ids, *([gen_eos] if isinstance(gen_eos, int) else gen_eos or [])} - {None}
+
+    @torch.no_grad()
+    def run(self, requests: list[Request], sampling: SamplingParams | None = None,
+            window: int | None = None, # generate at most this many tokens per request in this call ("window" if unfinished)
+            on_finish=None) -> list[Completion]: # `on_finish(completion)` may return uids of requests to cancel
+        "Decode `requests` with continuous batching; one `Completion` per request, in order"
+        sp = sampling or SamplingParams()
+        if window is not None and window < 1: raise ValueError(f"window must be >= 1, got {window}")
+        if not requests: return []
+        for r in requests:
+            if not r.prompt_ids: raise ValueError("empty prompt")
+            if self.ctx and len(r.prompt_ids) + sp.max_new_tokens > self.ctx:
+                raise ValueError(f"prompt of {len(r.prompt_ids)} tokens + {sp.max_new_tokens} new exceeds the context of {self.ctx}")
+        stop, t0 = self._stop_ids(sp), time.time()
+        S = min(self.max_slots, len(requests))
+        need = max(len(r.prompt_ids) + max(sp.max_new_tokens, len(r.prefix) + 1) for r in requests)
+        self._ensure_cache(S, need)
+        K, V = self.cache
+        dev = K[0].device
+        out: list[Completion | None] = [None] * len(requests)
+        waiting = deque(i for i, r in enumerate(requests) if len(r.prefix) < sp.max_new_tokens)
+        for i, r in enumerate(requests):  # nothing left to generate: already at the length cap
+            if len(r.prefix) >= sp.max_new_tokens: out[i] = self._completion(r, [], [], "length")
+        busy: list[int] = []  # request index in each busy slot (packed at the front)
+        cur, pos, toks, lps, budget = [], [], [], [], []  # per slot: current token, its position, new tokens, log-probs, tokens left
+        cancelled: set[int] = set()
+        by_uid = {(r.seed, r.uid): i for i, r in enumerate(requests)}
+        bar = tqdm(total=len(requests), desc=f"generate {len(requests)} completions", leave=False, disable=not self.progress)
+
+        def finish(slot_ids: list[int], reasons: list[str]):
+            "Free slots: record their completions, move the last busy slots into the holes"
+            for s, why in zip(slot_ids, reasons):
+                i = busy[s]; r = requests[i]
+                out[i] = self._completion(r, toks[s], lps[s], why)
+                if on_finish:
+                    for key in on_finish(out[i]) or ():
+                        j = by_uid.get(key)
+                        if j is not None and out[j] is None: cancelled.add(j)
+            bar.update(len(slot_ids))
+            dead = set(slot_ids)
+            keep = len(busy) - len(dead)
+            holes = [s for s in sorted(dead) if s < keep]
+            movers = [s for s in range(keep, len(busy)) if s not in dead]
+            if holes:
+                h, mv = torch.tensor(holes, device=dev), torch.tensor(movers, device=dev)
+                for l in range(len(K)): K[l][h] = K[l][mv]; V[l][h] = V[l][mv]
+                for lst in (busy, cur, pos, toks, lps, budget):
+                    for a, b in zip(holes, movers): lst[a] = lst[b]
+            for lst in (busy, cur, pos, toks, lps, budget): del lst[keep:]
+
+        def accept(first: int, logits: torch.Tensor):
+            "Sample the next token of slots `first…`, append it, and free the slots that stopped or were cancelled"
+            n = logits.shape[0]
+            rq = [requests[busy[s]] for s in range(first, first + n)]
+            seed = torch.tensor([r.seed for r in rq], device=dev)
+            uid = torch.tensor([r.uid for r in rq], device=dev)
+            t = torch.tensor([len(r.prefix) + len(toks[s]) for r, s in zip(rq, range(first, first + n))], device=dev)
+            nxt, lp = sample_tokens(logits, sp.temperature, sp.top_k, sp.top_p, seed, uid, t)
+            nxt, lp = nxt.tolist(), lp.tolist()
+            done, why = [], []
+            for j in range(n):
+                s = first + j
+                toks[s].append(nxt[j]); lps[s].append(lp[j]); budget[s] -= 1
+                cur[s] = nxt[j]; pos[s] += 1
+                total = len(rq[j].prefix) + len(toks[s])
+                if nxt[j] in stop: done.append(s); why.append("eos")
+                elif total >= sp.max_new_tokens: done.append(s); why.append("length")
+                elif budget[s] <= 0: done.append(s); why.append("window")
+            if done: finish(done, why)
+
+        def drop_cancelled():
+            gone = [s for s, i in enumerate(busy) if i in cancelled and out[i] is None]
+            if gone: finish(gone, ["cancelled"] * len(gone))
+
+        while waiting or busy:
+            free = S - len(busy)
+            # admit waiting requests when enough slots are free (or nothing runs): one prefill for all of them
+            if waiting and free and (free >= min(len(waiting), max(1, S // 8)) or not busy):
+                new = []
+                while waiting and len(new) < min(free, self.prefill_batch):
+                    i = waiting.popleft()
+                    if i in cancelled: out[i] = self._completion(requests[i], [], [], "cancelled"); bar.update(1); continue
+                    new.append(i)
+                if not new: continue
+                ids = [requests[i].prompt_ids + requests[i].prefix for i in new]
+                first = len(busy)
+                logits = self._prefill(ids, first)
+                for i, x in zip(new, ids):
+                    r = requests[i]
+                    busy.append(i); cur.append(-1); pos.append(len(x) - 1); toks.append([]); lps.append([])
+                    budget.append(min(window or sp.max_new_tokens, sp.max_new_tokens - len(r.prefix)))
+                accept(first, logits)
+                drop_cancelled()
+                continue
+            self.stats["decode_steps"] += 1
+            self.stats["slot_steps"] += S; self.stats["busy_slot_steps"] += len(busy)
+            accept(0, self._decode(cur, pos))
+            drop_cancelled()
+        bar.close()
+        self.stats["seconds"] += time.time() - t0; self.stats["calls"] += 1
+        self.stats["generated_tokens"] += sum(c.n_tokens - len(r.prefix) for c, r in zip(out, requests))
+        return out
+
+    def _completion(self, r: Request, toks: list[int], lps: list[float], why: str) -> Completion:
+        ids = r.prefix + toks
+        return Completion(r.prompt_index, r.prompt_ids, ids, self.tok.decode(ids, skip_special_tokens=True),
+                          r.prefix_logprobs + lps, why, r.seed, r.uid)
+
+    def generate(self, prompts: list[str], n: int = 1, sampling: SamplingParams | None = None,
+                 window: int | None = None, on_finish=None) -> list[Completion]:
+        "`n` completions of each prompt, grouped by prompt (index `i*n + j`); with `window`, unfinished ones are paused"
+        sp = sampling or SamplingParams()
+        if n < 1: raise ValueError(f"n must be >= 1, got {n}")
+        if not prompts: return []
+        ids = [self.tok(p)["input_ids"] for p in prompts]
+        seed = sp.seed if sp.seed is not None else int(torch.randint(0, 2**31 - 1, ()).item())
+        reqs = [Request(x, i, i * n + j, seed) for i, x in enumerate(ids) for j in range(n)]
+        return self.run(reqs, sp, window, on_finish)
+
+    def resume(self, completions: list[Completion], sampling: SamplingParams | None = None,
+               window: int | None = None) -> list[Completion]:
+        "Continue the completions paused by window mode (others come back unchanged), in order"
+        todo = [i for i, c in enumerate(completions) if c.finish_reason == "window"]
+        reqs = []
+        for i in todo:
+            c = completions[i]
+            if c.uid is None or c.seed is None: raise ValueError("only KitEngine completions (with seed and uid) can be resumed")
+            reqs.append(Request(c.prompt_ids, c.prompt_index, c.uid, c.seed, list(c.completion_ids), list(c.logprobs)))
+        done = dict(zip(todo, self.run(reqs, sampling, window)))
+        return [done.get(i, c) for i, c in enumerate(completions)]
