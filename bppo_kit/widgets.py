@@ -13,7 +13,7 @@ from .config import Config, ConfigError, from_dict, get_config, set_value, to_di
 from .trainer import train
 
 # %% auto #0
-__all__ = ['SECTIONS', 'SHOWN', 'SHOWN_PATTERNS', 'HIDDEN', 'UI_RANGES', 'has_frontend', 'panel_fields', 'widget_spec',
+__all__ = ['SECTIONS', 'SHOWN', 'SHOWN_PATTERNS', 'HIDDEN', 'LABELS', 'UI_RANGES', 'has_frontend', 'panel_fields', 'widget_spec',
            'RunRecord', 'plot_runs', 'fig_png', 'Panel']
 
 # %% ../nbs/13_widgets.ipynb #cb59ba1c
@@ -33,6 +33,7 @@ SHOWN = ["algo.name", "rollout.group_size", "train.prompts_per_step", "train.ste
          "train.seed", "data.eval_size", "train.eval_every"]
 SHOWN_PATTERNS = ("window",)  # e.g. a T-PPO window length joins the curated list as soon as the config has it
 HIDDEN = {"train.out"}  # set by the panel: one run folder per run
+LABELS = {"algo.name": "algorithm", "train.prompts_per_step": "prompts per step", "rollout.max_new_tokens": "max new tokens"}
 UI_RANGES = {  # key -> (low, high, step, log scale); clipped to the field's own range
     "rollout.group_size": (2, 32, 1, False), "train.prompts_per_step": (1, 64, 1, False), "train.steps": (1, 200, 1, False),
     "train.lr": (1e-6, 1e-2, 0.1, True), "algo.eps_low": (0.01, 0.5, 0.01, False), "algo.eps_high": (0.01, 0.5, 0.01, False),
@@ -217,7 +218,8 @@ class Panel:
     def _control(self, key: str):
         import ipywidgets as W
         sp, v = widget_spec(self.cfg, key), getattr(*self._part(key))
-        kw = dict(description=key.split(".")[1], style={"description_width": "120px"}, layout=W.Layout(width="330px"))
+        label = LABELS.get(key) or (key.split(".")[1] if key in panel_fields(self.cfg)[0] else key)  # "more": the full key
+        kw = dict(description=label, description_tooltip=key, style={"description_width": "125px"}, layout=W.Layout(width="auto"))
         k = sp["kind"]
         if k == "dropdown": w = W.Dropdown(options=sp["options"], value=v, **kw)
         elif k == "checkbox": w = W.Checkbox(value=v, indent=False, **kw)
@@ -246,7 +248,8 @@ class Panel:
         import ipywidgets as W
         shown, more = panel_fields(self.cfg)
         controls = {k: self._control(k) for k in shown + more}
-        grid = lambda ks: W.GridBox([controls[k] for k in ks], layout=W.Layout(grid_template_columns="repeat(3, 340px)"))
+        grid = lambda ks: W.GridBox([controls[k] for k in ks], layout=W.Layout(
+            grid_template_columns="repeat(auto-fill, minmax(320px, 1fr))", grid_gap="2px 12px"))
         acc = W.Accordion([grid(more)]); acc.set_title(0, "more settings"); acc.selected_index = None
         bt = dict(layout=W.Layout(width="110px"))
         run, stop, clear = W.Button(description="Run", button_style="success", icon="play", **bt), \

@@ -1,0 +1,166 @@
+"""The notebook experience in a real browser: JupyterLab runs the widgets lesson, a slider is moved, Run is pressed twice
+and the live plot shows both runs (screenshot: runs/browser/panel.png); the docs site's links all resolve.
+
+Needs Debian's `chromium` (or `$BPPO_CHROMIUM`) and the `playwright` package (dev extra; its own browser downloads are
+never used); skipped otherwise. Run it alone: `python -m pytest -m browser tests/test_browser.py -s`."""
+import importlib.util, json, os, shutil, signal, socket, subprocess, sys, time, urllib.request
+from pathlib import Path
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+CHROMIUM = os.environ.get("BPPO_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+ARTIFACTS = ROOT / "runs" / "browser"
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(not Path(CHROMIUM).is_file(), reason=f"no chromium at {CHROMIUM}"),
+    pytest.mark.skipif(importlib.util.find_spec("playwright") is None, reason="playwright is not installed"),
+    pytest.mark.skipif(importlib.util.find_spec("jupyterlab") is None, reason="jupyterlab is not installed"),
+]
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0)); return s.getsockname()[1]
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--disable-gpu", "--disable-dev-shm-usage"])
+        yield b
+        b.close()
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    "JupyterLab on 127.0.0.1 (free port, random token) serving a temp folder that holds a copy of the widgets lesson"
+    d = tmp_path_factory.mktemp("lab")
+    shutil.copy(ROOT / "nbs" / "13_widgets.ipynb", d / "13_widgets.ipynb")
+    settings = d / ".settings" / "@jupyterlab" / "apputils-extension"; settings.mkdir(parents=True)
+    (settings / "notification.jupyterlab-settings").write_text(json.dumps({"fetchNews": "false", "checkForUpdates": False}))
+    port, token = free_port(), os.urandom(16).hex()
+    env = {k: v for k, v in os.environ.items() if k not in ("IN_TEST", "BPPO_NO_WIDGETS")}
+    env.update(JUPYTERLAB_SETTINGS_DIR=str(d / ".settings"), JUPYTERLAB_WORKSPACES_DIR=str(d / ".ws"), JUPYTER_RUNTIME_DIR=str(d / ".rt"),
+               OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"), PYTHONUNBUFFERED="1")
+    log = open(d / "lab.log", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
+                             f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={d}", "--LabApp.expose_app_in_browser=True",
+                             "--ServerApp.port_retries=0"] + (["--allow-root"] if os.geteuid() == 0 else []), cwd=d, env=env, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    t0 = time.time()
+    while True:
+        try:
+            urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=2); break
+        except OSError:
+            if proc.poll() is not None or time.time() - t0 > 120:
+                proc.kill(); raise RuntimeError(f"JupyterLab did not start:\n{(d / 'lab.log').read_text()[-3000:]}")
+            time.sleep(0.5)
+    yield dict(url=url, token=token, dir=d)
+    os.killpg(proc.pid, signal.SIGTERM)
+    try: proc.wait(20)
+    except subprocess.TimeoutExpired: os.killpg(proc.pid, signal.SIGKILL)
+    log.close()
+
+def status_text(page) -> str:
+    return page.locator(".bppo-panel .bppo-status").inner_text()
+
+def wait_status(page, needle: str, timeout_s: float):
+    t0 = time.time()
+    while needle not in status_text(page):
+        if time.time() - t0 > timeout_s: raise AssertionError(f"waited {timeout_s}s for {needle!r}; status:\n{status_text(page)}")
+        page.wait_for_timeout(500)
+
+def plot_src(page) -> str:
+    return page.locator(".bppo-panel img").get_attribute("src") or ""
+
+def test_widgets_panel_in_jupyterlab(lab, browser):
+    t_start = time.time()
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    errors = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(f"{lab['url']}/lab/tree/13_widgets.ipynb?token={lab['token']}", timeout=120_000)
+    page.wait_for_function("window.jupyterapp && document.querySelector('.jp-Notebook')", timeout=120_000)
+    page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
+    # the kernel must be up before "run all" (its status shows in the toolbar)
+    page.wait_for_function("""() => { const w = window.jupyterapp.shell.currentWidget;
+        return w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel &&
+               w.sessionContext.session.kernel.status === 'idle'; }""", timeout=120_000)
+    page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
+    try:  # the lesson's own checks (a few tiny runs) come first, then the panel
+        page.wait_for_selector(".bppo-panel .bppo-status", timeout=600_000)
+    except Exception:
+        page.screenshot(path=str(ARTIFACTS / "failed.png"), full_page=True)
+        errs = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']").all_inner_texts()
+        raise AssertionError(f"the panel did not appear; cell errors: {errs[-3:]}; screenshot {ARTIFACTS / 'failed.png'}")
+    panel = page.locator(".bppo-panel")
+    panel.scroll_into_view_if_needed()
+    assert "no runs yet" in status_text(page)
+    run = panel.locator("button", has_text="Run")
+    # run 1 with the lesson's settings
+    run.click()
+    wait_status(page, "run1-grpo", 30)
+    first_plot = ""
+    t0 = time.time()
+    while not first_plot and time.time() - t0 < 300:  # the plot appears with the first logged row
+        first_plot = plot_src(page); page.wait_for_timeout(300)
+    assert first_plot, "no plot after run 1 started"
+    wait_status(page, "done", 600)
+    after_run1 = plot_src(page)
+    # move the temperature slider with the mouse: drag its handle to the right
+    slider = panel.locator(".widget-slider", has=page.locator("label", has_text="temperature"))
+    readout = slider.locator(".widget-readout")
+    before = readout.inner_text()
+    handle = slider.locator(".noUi-handle")
+    box = handle.bounding_box()
+    page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    page.mouse.down(); page.mouse.move(box["x"] + box["width"] / 2 + 25, box["y"] + box["height"] / 2, steps=5); page.mouse.up()
+    page.wait_for_timeout(500)
+    after = readout.inner_text()
+    assert float(after) > float(before), (before, after)
+    # run 2 with the new temperature: overlaid on run 1
+    run.click()
+    wait_status(page, "run2-grpo", 30)
+    t0 = time.time()
+    while "run2-grpo    done" not in status_text(page):
+        assert time.time() - t0 < 600, status_text(page)
+        page.wait_for_timeout(500)
+    page.wait_for_timeout(1000)
+    st = status_text(page)
+    assert "run1-grpo    done" in st and "temperature=" in st, st
+    assert plot_src(page) != after_run1, "the plot did not update during run 2"
+    natural = page.evaluate("() => { const i = document.querySelector('.bppo-panel img'); return [i.naturalWidth, i.naturalHeight]; }")
+    assert natural[0] > 500 and natural[1] > 100, natural
+    shot = ARTIFACTS / "panel.png"
+    panel.screenshot(path=str(shot))
+    print(f"\nscreenshot: {shot}  ({time.time() - t_start:.0f} s in the browser)")
+    assert shot.stat().st_size > 10_000
+    assert not [e for e in errors if "widget" in e.lower()], errors
+
+def test_docs_links(browser, tmp_path):
+    "Build the site from the stored notebooks (no execution) and follow every local link from the index in Chromium"
+    out = tmp_path / "site"
+    r = subprocess.run([sys.executable, str(ROOT / "tools" / "build_docs.py"), "--no-exec", "--out", str(out)],
+                       capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    sites = [out] + ([ROOT / "docs"] if (ROOT / "docs" / "index.html").exists() else [])  # and the built site, if any
+    page = browser.new_page()
+    for site in sites:
+        page.goto((site / "index.html").as_uri())
+        hrefs = page.eval_on_selector_all("a[href]", "as => as.map(a => a.href)")
+        notebooks = sorted((ROOT / "nbs").glob("*.ipynb")) + sorted((ROOT / "nbs" / "tutorials").glob("*.ipynb"))
+        if site == out: assert len(hrefs) == len(notebooks), (len(hrefs), len(notebooks))  # the index links every page
+        seen, todo, broken = set(), list(hrefs), []
+        while todo:  # every page reachable from the index, and every local link on it
+            h = todo.pop()
+            u = h.split("#")[0]
+            if not u.startswith("file://") or u in seen: continue
+            seen.add(u)
+            path = Path(urllib.request.url2pathname(u[len("file://"):]))
+            if not path.is_file(): broken.append(h); continue
+            page.goto(u)
+            assert page.title(), u
+            todo += page.eval_on_selector_all("a[href]", "as => as.map(a => a.href)")
+        assert not broken, f"broken links in {site}: {broken}"
+        assert len(seen) >= len(hrefs)
+    r = subprocess.run([sys.executable, str(ROOT / "tools" / "build_docs.py"), "--check", "--out", str(out)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout  # anchors too
