@@ -10,7 +10,7 @@ Measures, each as the median of `--runs` timed runs:
   before each run the workers are replaced (the fork is inside the timing) and all caches are emptied, so every pair is
   a real math-verify check with nothing remembered from earlier runs;
 - math500_mixed: the 500 MATH500 reference solutions plus 500 wrong ones, as a trainer would see them;
-and the agreement of the kit and of plain math-verify with the kit's table of tricky cases.
+and the agreement of the kit and of plain math-verify with the kit's two tables (`TRICKY_CASES`, `MORE_CASES`).
 Writes a JSON result and prints a table.
 """
 import argparse
@@ -130,12 +130,17 @@ def main(argv=None):
     acc_plain, _ = V.agreement(plain=True, workers=a.workers)
     res["tricky_cases"] = {"n": len(V.TRICKY_CASES), "kit_agreement": acc, "plain_math_verify_agreement": acc_plain,
                            "kit_disagreements": wrong}
+    acc2, wrong2 = V.agreement(V.MORE_CASES, workers=a.workers)
+    acc2_plain, _ = V.agreement(V.MORE_CASES, plain=True, workers=a.workers)
+    res["more_cases"] = {"n": len(V.MORE_CASES), "kit_agreement": acc2, "plain_math_verify_agreement": acc2_plain,
+                         "kit_disagreements": wrong2}
     res["load_avg_after"] = os.getloadavg()[0]
 
     print(f"{'measurement':<16}{'n':>7}{'median s':>11}{'scores/s':>12}")
     for k in ("gsm8k_fast", "math_symbolic", "math500_mixed"):
         r = res[k]; print(f"{k:<16}{r['n']:>7}{r['median_s']:>11.3f}{r['scores_per_s']:>12,.0f}")
     print(f"tricky cases ({len(V.TRICKY_CASES)}): kit {acc:.1%}, plain math-verify {acc_plain:.1%}")
+    print(f"more cases ({len(V.MORE_CASES)}, written after the code): kit {acc2:.1%}, plain math-verify {acc2_plain:.1%}")
     print(f"load average before/after: {res['load_avg_before']:.2f} / {res['load_avg_after']:.2f}")
     if a.json:
         a.json.parent.mkdir(parents=True, exist_ok=True)

@@ -26,10 +26,10 @@ from multiprocessing.connection import wait as _wait_conns
 
 # %% auto #0
 __all__ = ['MAX_CHARS', 'MAX_ANSWER', 'TASK_POLICIES', 'HARD_MARGIN', 'WORKER_MEMORY', 'ANCHORED', 'FORMAT_RULES', 'CACHE',
-           'DEFAULT_WORKERS', 'TRICKY_CASES', 'Score', 'clean_text', 'last_boxed', 'looks_bare', 'extract_answer',
-           'Policy', 'gold_answer', 'normalize_answer', 'to_number', 'answer_forms', 'numbers_equal', 'quick_equal',
-           'too_big', 'symbolic_equal', 'plain_math_verify', 'have_math_verify', 'SymbolicPool', 'get_pool',
-           'check_format', 'score', 'score_batch', 'reward_fn', 'agreement']
+           'DEFAULT_WORKERS', 'TRICKY_CASES', 'MORE_CASES', 'Score', 'clean_text', 'last_boxed', 'looks_bare',
+           'extract_answer', 'Policy', 'gold_answer', 'normalize_answer', 'to_number', 'answer_forms', 'numbers_equal',
+           'quick_equal', 'too_big', 'symbolic_equal', 'plain_math_verify', 'have_math_verify', 'SymbolicPool',
+           'get_pool', 'check_format', 'score', 'score_batch', 'reward_fn', 'agreement']
 
 # %% ../nbs/01_verifier.ipynb #979b7d17
 @dataclass(frozen=True)
@@ -99,7 +99,7 @@ def _phrase_answer(s: str) -> str:
     if m: return _span_content(m)
     s = re.split(r"(?<=\S)\.(?:\s|$)|;| because | since | as | so ", s, maxsplit=1)[0]
     s = re.sub(r"(?<=\S)\s+\([A-Za-z][A-Za-z ]+\)$", "", s.strip().rstrip("."))  # 7 (seven)
-    return s.strip().rstrip(".").strip("*").strip()
+    return s.strip().rstrip(".,;:").strip("*").strip()
 
 def looks_bare(text: str) -> bool:
     "Is `text` itself an answer (short, and no prose words outside LaTeX commands), like `$\\frac12$` or `7,425,000`?"
@@ -192,7 +192,7 @@ _BASE = re.compile(r"((?=[0-9A-F]*\d)[0-9A-F]{1,40})\s*_\s*\{?\s*(\d{1,2})\s*\}?
 _TRIG = re.compile(r"\\(?:arc)?(?:sin|cos|tan|cot|sec|csc)(?![A-Za-z])")
 _DEG = r"\^\s*(?:\{\s*\\circ\s*\}|\\circ)"  # ^\circ, ^{\circ}
 _DEGREE = re.compile(_DEG + r"|\\circ(?![A-Za-z])")
-_TEXT_UNIT = re.compile(r"(.*?[\w})\]])\s*\\(text|textrm|mbox|mathrm)\s*\{\s*([A-Za-z][A-Za-z./ ]{0,40}|)\s*\}"
+_TEXT_UNIT = re.compile(r"(.*?[\w})\]])\s*\\(text|textrm|mbox|mathrm)\s*\{\s*([A-Za-z][A-Za-z./ ]{0,40}|\([A-Za-z]{2}[A-Za-z./ ]{0,40}\)|)\s*\}"
                         r"\s*(?:\^\s*\{?\s*[23]\s*\}?)?")  # 15\text{ cm}^2, 8\pi \mbox{ inches}
 
 def _drop_text_unit(s: str) -> str:
@@ -260,6 +260,7 @@ def normalize_answer(s: str) -> str:
         if "\\" + cmd in s: s = _unwrap(s, cmd)
     s = s.replace("\\%", "%").replace("\\$", "").replace("$", "").replace("\\textdollar", "")
     s = re.sub(r"\\varnothing(?![A-Za-z])", r"\\emptyset", s)
+    s = re.sub(r"\\approx(?![A-Za-z])", "=", re.sub(r"^\s*\\approx\s*", "", s))  # x \approx 3.14: the value is the answer
     s = re.sub(r"\s+(?:or|and)\s+", ", ", s)
     s = re.sub(r"(?<![A-Za-z])\\?sqrt\s*\(([^()]{1,100})\)", r"\\sqrt{\1}", s)  # sqrt(2) -> \sqrt{2}
     s = re.sub(r"(?<![\\A-Za-z])(sqrt|pi|infty)(?![A-Za-z])", r"\\\1", s)
@@ -279,6 +280,8 @@ def normalize_answer(s: str) -> str:
     if m: s = f"{m.group(1)}_{m.group(2)}"
     s = re.sub(r"^[A-Za-z]\s*\\in\s*", "", s)  # x \in [1,2] -> [1,2]
     if re.fullmatch(r"\{[^{}]*\}", s): s = s[1:-1]
+    if (m := re.fullmatch(r"(?:a|an|the)\s+([A-Za-z]{3,}(?: [A-Za-z\-]+){0,3})", s, re.I)): s = m.group(1)  # a square
+    if re.fullmatch(r"(?:the\s+)?(?:empty|null)\s+set", s, re.I): s = "\\emptyset"
     return s.strip()
 
 # %% ../nbs/01_verifier.ipynb #82247455
@@ -329,6 +332,7 @@ def to_number(s: str) -> Fraction | None:
 
 # %% ../nbs/01_verifier.ipynb #a2c56b4f
 _ASSIGN = re.compile(r"\s*[A-Za-z](?:_\{?\w{1,3}\}?)?\s*=\s*([^=]+)")
+_ASSIGN_R = re.compile(r"\s*([^=]+?)\s*=\s*[A-Za-z](?:_\{?\w{1,3}\}?)?\s*")  # 5 = x
 
 def _key(s: str) -> str:
     "A comparison key: no whitespace, and lower case for plain words"
@@ -362,7 +366,7 @@ def answer_forms(s: str, other: str) -> list[str]:
     forms = [n]
     if "=" in n and "=" not in o and len(n) < 300:
         parts = _split_top(n)
-        rhs = [_ASSIGN.fullmatch(p) for p in parts]
+        rhs = [_ASSIGN.fullmatch(p) or _ASSIGN_R.fullmatch(p) for p in parts]
         if all(rhs): forms.append(", ".join(m.group(1).strip() for m in rhs))
     if _BASE.fullmatch(n) and "_" not in o: forms.append(n.split("_")[0])  # 52_8 vs 52: the base was implied
     m = _COLUMN.fullmatch(n)
@@ -405,7 +409,7 @@ def quick_equal(pred: str, gold: str) -> bool | None:
     return None
 
 # %% ../nbs/01_verifier.ipynb #e366a073
-_EXP = re.compile(r"\^\s*(\{|\\?[A-Za-z0-9.]+)")
+_EXP = re.compile(r"\^\s*(\{|\\[A-Za-z]+|\d+(?:\.\d+)?|[A-Za-z])")  # b^2a^3 is b^2 times a^3, no tower
 _FACT = re.compile(r"(\d+)\s*!")
 
 def too_big(s: str) -> bool:
@@ -876,3 +880,405 @@ def agreement(cases=None, # (gold, prediction, expected) rows; default `TRICKY_C
     else: got = [s.correct for s in score_batch([p for _, p, _ in cases], [g for g, _, _ in cases], timeout=timeout, workers=workers)]
     wrong = [(g, p, e) for (g, p, e), r in zip(cases, got) if r != e]
     return 1 - len(wrong) / len(cases), wrong
+
+# %% ../nbs/01_verifier.ipynb #76d2ab76
+MORE_CASES = [  # (gold, prediction, correct?): written after the code, each round graded before fixing
+    # integers: separators, signs, leading zeros, spaces
+    ("1000", "1 000", True), ("1234567", "1,234,567", True), ("1234567", "1\\,234\\,567", True),
+    ("1234567", "1{,}234{,}567", True),
+    ("-7", "-7", True), ("-7", "7", False), ("+7", "7", True), ("7", "+7", True), ("007", "7", True),
+    ("0", "00", True),
+    ("12", "12.", True), ("123", "1230", False), ("1,000", "1.000", False), ("-3", "- 3", True),
+    ("3", "\\(3\\)", True),
+    ("500", "5 \\times 10^2", True), ("42", "42\\text{.}", True), ("10", "ten", True), ("-0.5", "-.5", True),
+    # decimals and trailing zeros
+    ("2.50", "2.5", True), ("0.1", "0.10000", True), ("0.1", "0.01", False), ("3.14", "3.1400", True),
+    ("3.14", "3.141", False),
+    ("1.0", "1", True), ("100.0", "100", True), ("0.05", "5\\times 10^{-2}", True), ("0.33", "\\frac{1}{3}", False),
+    ("\\frac{1}{3}", "0.33", False), ("\\frac{2}{3}", "0.67", False), ("\\frac{1}{3}", "0.3333", False),
+    ("12.5", "12\\frac{1}{2}", True), ("-2.25", "-2\\frac14", True), ("0.125", "\\frac18", True),
+    # percent
+    ("40\\%", "40 \\%", True), ("40\\%", "40\\text{\\%}", True), ("40\\%", "0.4", True), ("40\\%", "4", False),
+    ("40\\%", "40 percent", True), ("12.5\\%", "\\frac{1}{8}", True), ("5\\%", "0.5", False), ("100\\%", "1", True),
+    ("33\\frac{1}{3}\\%", "\\frac{1}{3}", True), ("150\\%", "1.5", True), ("60", "60\\%", True),
+    ("6", "60\\%", False),
+    # fractions
+    ("\\dfrac{3}{8}", "\\frac{3}{8}", True), ("\\tfrac{3}{8}", "3/8", True), ("\\frac{3}{8}", "\\frac{8}{3}", False),
+    ("\\frac{-3}{4}", "-\\frac{3}{4}", True), ("\\frac{3}{-4}", "-0.75", True), ("-\\frac34", "\\frac34", False),
+    ("\\frac{10}{4}", "\\frac{5}{2}", True), ("\\frac{5}{2}", "2.5", True), ("\\frac{5}{2}", "2\\frac{1}{2}", True),
+    ("2\\frac12", "\\frac52", True), ("2\\frac{1}{2}", "2.5", True), ("2\\frac{1}{2}", "1", False),
+    ("\\frac{1}{2}+\\frac{1}{3}", "\\frac{5}{6}", True), ("\\frac{14}{3}", "4\\frac{2}{3}", True),
+    ("4\\frac{2}{3}", "4.67", False),
+    ("\\frac{a}{b}", "a/b", True), ("\\frac{x}{2}", "0.5x", True), ("\\frac{1}{x}", "x^{-1}", True),
+    ("\\frac{1}{x}", "x", False),
+    ("\\frac{7}{9}", "\\frac{14}{18}", True), ("\\frac{7}{9}", "0.\\overline{7}", True),
+    # surds
+    ("2\\sqrt3", "\\sqrt{12}", True), ("2\\sqrt{3}", "\\sqrt{6}", False), ("\\sqrt{50}", "5\\sqrt{2}", True),
+    ("\\frac{\\sqrt{3}}{2}", "\\frac{1}{2}\\sqrt{3}", True), ("\\frac{\\sqrt{3}}{2}", "0.866", False),
+    ("\\sqrt[3]{8}", "2", True),
+    ("\\sqrt[3]{2}", "2^{1/3}", True), ("\\sqrt{2}", "2^{\\frac{1}{2}}", True), ("\\sqrt{2}", "1.414", False),
+    ("3\\sqrt{2}", "\\sqrt{18}", True), ("\\frac{2}{\\sqrt{2}}", "\\sqrt{2}", True),
+    ("5-\\sqrt{3}", "-\\sqrt{3}+5", True),
+    ("5-\\sqrt{3}", "\\sqrt{3}-5", False), ("\\sqrt{3}+\\sqrt{2}", "\\sqrt{2}+\\sqrt{3}", True),
+    # pi
+    ("2\\pi", "\\pi \\cdot 2", True), ("\\frac{\\pi}{2}", "\\pi/2", True), ("\\frac{\\pi}{2}", "90", False),
+    ("\\frac{4}{3}\\pi", "\\frac{4\\pi}{3}", True), ("16\\pi", "16 \\pi \\text{ square units}", True),
+    ("\\pi r^2", "r^2\\pi", True),
+    ("8\\pi", "8\\pi\\text{ cm}^2", True), ("8\\pi", "25.13", False), ("36\\pi", "36", False),
+    # scientific notation
+    ("3.2\\times10^{5}", "320000", True), ("320000", "3.2 \\cdot 10^5", True), ("1.2\\times 10^{-3}", "0.0012", True),
+    ("1.2\\times10^{-3}", "0.012", False), ("6\\times 10^{23}", "6 \\times 10^{22}", False), ("2.5e3", "2500", True),
+    ("10^6", "1000000", True), ("10^{-2}", "0.01", True), ("10^{-2}", "0.1", False),
+    # units and text
+    ("4 \\text{ cm}", "4", True), ("4 \\mbox{cm}", "4\\,\\text{cm}", True), ("4 \\text{cm}", "5 \\text{cm}", False),
+    ("12 \\text{ inches}", "12", True), ("12\\text{ in}", "12 inches", True), ("\\$12.50", "12.50 dollars", True),
+    ("\\$12.50", "\\$12.5", True), ("\\$12.50", "1250", False), ("30 \\text{ mph}", "30", True),
+    ("6 \\text{ hours}", "6", True),
+    ("25\\text{ m}^2", "25", True), ("18 \\text{ square units}", "18", True), ("5 \\text{ ways}", "5", True),
+    ("9 \\text{ students}", "9", True), ("90^\\circ", "90^{\\circ}", True), ("45", "45^\\circ", True),
+    ("45^\\circ", "45 °", True),
+    ("270^\\circ", "270 \\text{degrees}", True), ("20^\\circ", "20\\text{°}", True), ("180^\\circ", "\\pi", False),
+    ("3 \\text{ km}", "3000 \\text{ m}", False), ("2 \\text{ hr}", "2", True), ("7 \\text{ days}", "7", True),
+    # multiple choice
+    ("\\text{(C)}", "c", True), ("\\text{(C)}", "(c)", True),
+    ("\\text{(C)}", "\\text{C}", True), ("C", "\\text{(C)}", True), ("\\mathrm{(D)}", "D", True), ("(D)", "D)", True),
+    ("\\text{(C)}", "\\text{(D)}", False), ("B", "C", False), ("\\textbf{(E)}", "E", True),
+    ("\\text{(A)}", "\\textbf{(A) }5", True),
+    # intervals and unions
+    ("[0, 1)", "[0,1)", True), ("[0, 1)", "[0,1]", False), ("[0,1)", "(0,1)", False),
+    ("(-\\infty, 3]", "(-\\infty,3]", True),
+    ("(-\\infty,3]", "(-\\infty,3)", False),
+    ("(-\\infty, -2] \\cup [2, \\infty)", "(-\\infty,-2]\\cup[2,\\infty)", True),
+    ("(-\\infty, -2] \\cup [2, \\infty)", "(-\\infty,-2)\\cup(2,\\infty)", False),
+    ("(1, 4)", "\\left(1, 4\\right)", True),
+    ("(-1,1)", "-1 < x < 1", True), ("[-1,1]", "-1 \\leq x \\leq 1", True), ("(-\\infty, 5)", "x < 5", True),
+    ("(-\\infty, 5)", "x \\le 5", False), ("[\\frac{1}{2}, 3]", "[0.5, 3]", True),
+    ("(0, \\frac{\\pi}{2})", "(0,\\pi/2)", True),
+    ("\\mathbb{R}", "(-\\infty, \\infty)", True), ("(-\\infty, \\infty)", "(-\\infty,\\infty)", True),
+    # sets and unordered lists
+    ("1, 2", "2, 1", True), ("1, 2", "x=1 \\text{ or } x=2", True), ("1, 2", "x = 1, 2", True), ("1,2", "1", False),
+    ("1,2", "1,2,3", False), ("\\{1, 2\\}", "\\{2, 1\\}", True), ("\\{1,2,3\\}", "\\{1,2\\}", False),
+    ("-1, 3", "3,-1", True), ("-1, 3", "1, 3", False), ("\\frac{1}{2}, -3", "-3, 0.5", True),
+    ("2, -2", "\\pm 2", True), ("x=2, y=3", "y=3, x=2", True), ("0, 1, 2", "\\{0,1,2\\}", True),
+    ("a, b", "b, a", True),
+    ("1 \\text{ and } 2", "1, 2", True), ("-4, 4", "x=\\pm4", True),
+    ("\\{1, 3\\} \\cup \\{2\\}", "\\{1,2,3\\}", True),
+    # ordered tuples and points
+    ("(1, 2)", "(2, 1)", False), ("(1, 2, 3)", "(1, 2)", False), ("(1,2)", "(1, 2, 3)", False),
+    ("(-1, \\frac{1}{2})", "(-1, 0.5)", True),
+    ("(3,-4)", "(3, -4)", True), ("(3,-4)", "(3,4)", False), ("(0,0)", "(0, 0)", True),
+    ("(\\sqrt2, 1)", "(\\sqrt{2},1)", True),
+    ("(2, 3)", "x=2, y=3", True), ("(1,1,1)", "\\langle 1, 1, 1\\rangle", True), ("(a,b) = (1,2)", "(1,2)", True),
+    # matrices
+    ("\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}", "\\begin{bmatrix} 1 & 2 \\\\ 3 & 4 \\end{bmatrix}", True),
+    ("\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}", "\\begin{pmatrix} 1 & 3 \\\\ 2 & 4 \\end{pmatrix}", False),
+    ("\\begin{pmatrix} 1/2 & 0 \\\\ 0 & 1 \\end{pmatrix}", "\\begin{pmatrix} 0.5 & 0 \\\\ 0 & 1 \\end{pmatrix}", True),
+    ("\\begin{pmatrix} 2 \\\\ -1 \\end{pmatrix}", "\\begin{pmatrix} 2 \\\\ 1 \\end{pmatrix}", False),
+    ("\\begin{pmatrix} 2 \\\\ -1 \\end{pmatrix}", "(2,-1)", True),
+    ("\\begin{pmatrix} 0 & 1 \\\\ 1 & 0 \\end{pmatrix}", "\\left[\\begin{array}{cc} 0 & 1 \\\\ 1 & 0 \\end{array}\\right]", True),
+    # equations
+    ("y = 3x - 2", "y=-2+3x", True), ("y = 3x - 2", "3x-2", True), ("y = 3x - 2", "y=3x+2", False),
+    ("x = -4", "-4", True),
+    ("x = -4", "x=4", False), ("x^2 + y^2 = 25", "y^2+x^2=25", True), ("x^2+y^2=25", "x^2+y^2=5", False),
+    ("2x + 3y = 6", "3y + 2x = 6", True), ("y = \\frac{1}{2}x + 1", "y=0.5x+1", True), ("a = 5", "a=5", True),
+    ("f(x) = 2x+1", "2x+1", True), ("x + y = 1", "y = 1 - x", True),
+    # expressions
+    ("(x-1)(x+2)", "x^2+x-2", True), ("x^2+x-2", "(x+1)(x-2)", False), ("3(x+2)", "3x+6", True),
+    ("a^2-b^2", "(a-b)(a+b)", True),
+    ("2^{x+1}", "2\\cdot 2^x", True), ("\\frac{x^2-1}{x-1}", "x+1", True), ("x^3", "x\\cdot x \\cdot x", True),
+    ("4x^2-9", "(2x-3)(2x+3)", True), ("4x^2-9", "(2x-3)^2", False), ("2ab", "2ba", True),
+    ("n(n+1)/2", "\\frac{n^2+n}{2}", True),
+    ("x^{2}", "x^2", True), ("x^2y", "yx^2", True),
+    # trig and logs
+    ("\\frac{1}{2}", "\\sin 30^\\circ", True), ("\\frac{\\sqrt{2}}{2}", "\\cos\\frac{\\pi}{4}", True),
+    ("1", "\\tan 45^\\circ", True),
+    ("\\sin x", "\\cos x", False), ("2\\sin x\\cos x", "\\sin 2x", True), ("\\log_2 16", "4", True),
+    ("\\ln e^2", "2", True),
+    ("\\log 100", "2", True), ("\\log_3 9", "3", False), ("\\ln 2", "\\log 2", False), ("2\\ln 3", "\\ln 9", True),
+    ("\\frac{\\pi}{3}", "\\arccos\\frac12", True), ("\\sin^2 x + \\cos^2 x", "1", True),
+    # infinity
+    ("\\infty", "\\infty", True), ("\\infty", "infinity", True), ("-\\infty", "\\infty", False),
+    ("\\infty", "+\\infty", True),
+    # complex
+    ("3+4i", "4i+3", True), ("3+4i", "3-4i", False), ("i", "\\sqrt{-1}", True), ("-i", "i", False),
+    ("2i", "2 i", True),
+    ("\\frac{1}{2}+\\frac{\\sqrt3}{2}i", "\\frac{1+i\\sqrt3}{2}", True), ("5", "5+0i", True), ("1+i", "(1+i)", True),
+    # bases
+    ("1011_2", "1011", True), ("1011_2", "11", False), ("1011_2", "1011_{2}", True), ("1011_2", "1101_2", False),
+    ("2A_{16}", "2A_16", True), ("123_4", "123_{4}", True), ("10_8", "8", False),
+    # AIME padding and integer forms
+    ("045", "45", True), ("005", "5", True), ("045", "\\boxed{045}", True), ("045", "54", False),
+    ("100", "0100", True),
+    # whole responses
+    ("72", "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\nAltogether she sold 48+24 = <<48+24=72>>72 clips.\n#### 72", True),
+    ("72", "She sold <<48+24=72>>72 clips.\n#### 73", False), ("1,080", "So the total is 1080.\n#### 1,080", True),
+    ("5", "The answer is 5", True), ("5", "The answer is: 5.", True), ("5", "Therefore, the answer is $5$.", True),
+    ("5", "**Answer:** 5", True), ("5", "Final answer: \\boxed{5}", True),
+    ("5", "$\\boxed{3}$ is wrong... the answer is $\\boxed{5}$", True),
+    ("5", "\\boxed{5} \\boxed{6}", False), ("5", "\\boxed{}", False), ("5", "\\fbox{5}", True),
+    ("(1,2)", "\\boxed{\\left( 1, 2 \\right)}", True), ("\\frac{1}{2}", "\\boxed{\\frac{1}{2}\\!}", True),
+    ("1000", "\\boxed{1\\,000}", True), ("2", "We get $x = 2$. \\boxed{2}", True),
+    ("\\frac{3}{4}", "so $p = \\boxed{\\dfrac{3}{4}}$.", True),
+    ("8", "The final answer is $\\boxed{8}$. I hope it is correct.", True),
+    ("8", "The answer is \\boxed{9}. I hope it is correct.", False),
+    ("10", "<think>Let me see, 5+5.</think> The answer is \\boxed{10}.", True),
+    ("12", "The area is 12 square units.", True),
+    ("(C)", "The answer is \\boxed{\\text{(C)}}", True), ("B", "Answer: (B)", True), ("B", "Answer: (D)", False),
+    ("\\sqrt{2}", "Thus $x=\\boxed{\\sqrt{2}}$.", True), ("3", "#### 3\n", True), ("3", "\\boxed{3.}", True),
+    ("-1", "\\boxed{-1}", True), ("-1", "\\boxed{1}", False), ("2", "\\[\\boxed{2}\\]", True),
+    # letters that are variables, not units
+    ("2ab", "2", False), ("4a+3d", "4a+3", False), ("3h", "3", False), ("5t", "5", False), ("2m", "2", False),
+    ("6s", "6s", True), ("\\frac{3}{2}c", "1.5c", True),
+    # more integers
+    ("-1000", "-1,000", True), ("1,000,000", "10^6", True), ("1000000", "1 million", True), ("2", "two", True),
+    ("15", "fifteen", True), ("0", "zero", True), ("9", "seven", False), ("-2", "(-2)", True), ("5", "5.000", True),
+    ("5", "4.999", False), ("17", "\\mathbf{17}", True), ("17", "\\textbf{17}", True), ("17", "{17}", True),
+    # decimals / rounding
+    ("0.625", "\\frac{5}{8}", True), ("3.5", "\\frac{7}{2}", True), ("3.5", "\\frac{2}{7}", False),
+    ("0.2", "\\frac{1}{5}", True),
+    ("1.5", "3/2", True), ("\\frac{22}{7}", "\\pi", False), ("0.\\overline{3}", "\\frac13", True),
+    ("0.1\\overline{6}", "\\frac{1}{6}", True),
+    ("0.\\overline{3}", "0.3", False), ("\\frac{1}{6}", "0.1\\overline{6}", True),
+    # percent in prose
+    ("25\\%", "25%", True), ("25\\%", "25 \\text{ percent}", True), ("25\\%", "\\frac{1}{4}", True),
+    ("25\\%", "0.025", False),
+    ("2.5\\%", "0.025", True), ("2.5\\%", "2.5", True),
+    # money
+    ("\\$1,250", "1250", True), ("\\$1,250", "\\$1250.00", True), ("\\$1,250", "1,250 dollars", True),
+    ("1250", "\\$ 1,250", True),
+    ("\\$0.75", "75 \\text{ cents}", False), ("\\$5", "\\$5.00", True), ("5", "\\textdollar 5", True),
+    ("\\$5", "\\$50", False),
+    # units variants
+    ("10 \\text{ m/s}", "10", True), ("4\\text{ ft}^2", "4", True), ("100 \\text{ km}", "100km", True),
+    ("3 \\text{ cups}", "3", True),
+    ("2.5 \\text{ hours}", "2.5", True), ("2.5\\text{ hours}", "2\\frac{1}{2}", True), ("8 \\text{ cm}^3", "8", True),
+    ("8\\text{cm}^3", "9", False),
+    ("\\frac{1}{2}\\text{ inch}", "0.5", True), ("\\frac{1}{2}\\text{ inch}", "\\frac{1}{3}", False),
+    ("48\\text{ sq ft}", "48", True),
+    ("5\\sqrt{2}\\text{ cm}", "5\\sqrt2", True), ("6\\mathrm{m}", "6", True), ("30\\text{th}", "30", True),
+    # degrees / trig degrees
+    ("60^\\circ", "\\frac{\\pi}{3}", False), ("\\frac{\\sqrt{3}}{2}", "\\cos 30^\\circ", True),
+    ("\\frac{\\sqrt{3}}{2}", "\\sin 60°", True),
+    ("0", "\\cos 90^{\\circ}", True), ("-1", "\\cos 180^\\circ", True), ("1", "\\sin 90^\\circ", True),
+    ("\\frac{1}{2}", "\\cos 30^\\circ", False),
+    ("30^\\circ", "30 \\text{degrees}", True), ("30^{\\circ}", "30^\\circ", True),
+    # multiple choice
+    ("\\textbf{(B)}", "B", True), ("\\text{(B) }12", "B", True), ("B", "\\boxed{B}", True), ("\\text{B}", "b", True),
+    ("(A)", "\\text{A}", True), ("(A)", "A.", True), ("A", "(A) 5", True), ("A", "D", False),
+    ("\\textbf{(A)}\\ 5", "A", True),
+    # intervals
+    ("(-2, 3]", "\\left(-2,3\\right]", True), ("(-2, 3]", "-2 < x \\le 3", True), ("(-2,3]", "-2 \\le x < 3", False),
+    ("[1, \\infty)", "[1,\\infty)", True), ("[1,\\infty)", "(1,\\infty)", False),
+    ("(-\\infty, 1) \\cup (1, \\infty)", "x \\neq 1", True),
+    ("[-3, 3]", "|x| \\le 3", True), ("(0,1)\\cup(2,3)", "(2,3)\\cup(0,1)", True),
+    ("(0,1)\\cup(2,3)", "(0,1)", False),
+    ("x \\in (0, 5)", "(0,5)", True), ("(0,5)", "x\\in(0,5)", True),
+    ("\\left[ -\\frac{1}{2}, \\frac{1}{2} \\right]", "[-0.5,0.5]", True),
+    # sets / lists / solutions
+    ("\\{2, 4, 6\\}", "2, 4, 6", True), ("\\{2, 4, 6\\}", "\\{6, 4, 2\\}", True), ("\\{2,4,6\\}", "\\{2,4\\}", False),
+    ("\\emptyset", "\\varnothing", True), ("\\emptyset", "\\{\\}", True), ("\\emptyset", "0", False),
+    ("x=3, x=-3", "\\pm3", True), ("3, -3", "x = 3 \\text{ and } x = -3", True), ("3,-3", "x=3", False),
+    ("1, 2, 3", "1,2,3", True), ("1, 2, 3", "1; 2; 3", True), ("-\\frac12, 2", "2, -0.5", True),
+    ("2 \\pm \\sqrt{3}", "2+\\sqrt3, 2-\\sqrt3", True), ("2 \\pm \\sqrt{3}", "2-\\sqrt{3}, 2+\\sqrt{3}", True),
+    ("2\\pm\\sqrt3", "2 \\pm \\sqrt{2}", False),
+    ("x = \\frac{-1 \\pm \\sqrt{5}}{2}", "\\frac{-1+\\sqrt5}{2}, \\frac{-1-\\sqrt5}{2}", True),
+    # tuples
+    ("(1, -1)", "\\left( 1, -1 \\right)", True), ("(1, -1)", "(1,-1,0)", False),
+    ("(\\frac12, \\frac13)", "(0.5, 1/3)", True),
+    ("(1,2)", "[1,2]", False), ("(1, 2)", "x = 1, y = 2", True), ("(1,2)", "x=2, y=1", False),
+    ("(3, 4, 5)", "(3,4,5)", True),
+    ("(-1, 2)", "(x, y) = (-1, 2)", True), ("(2,3)", "(2, 3)", True),
+    # matrices / vectors
+    ("\\begin{pmatrix} 1 \\\\ 0 \\end{pmatrix}", "\\begin{pmatrix}1\\\\0\\end{pmatrix}", True),
+    ("\\begin{pmatrix} 1 \\\\ 0 \\end{pmatrix}", "\\begin{pmatrix}0\\\\1\\end{pmatrix}", False),
+    ("\\begin{pmatrix} 2 & 0 \\\\ 0 & 2 \\end{pmatrix}", "2\\begin{pmatrix} 1 & 0 \\\\ 0 & 1 \\end{pmatrix}", True),
+    ("\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}", "\\begin{pmatrix} 1 & 2 & 3 & 4 \\end{pmatrix}", False),
+    ("\\begin{bmatrix} 1 \\\\ 2 \\\\ 3 \\end{bmatrix}", "\\begin{pmatrix} 1 \\\\ 2 \\\\ 3 \\end{pmatrix}", True),
+    ("\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}", "\\langle 1, 2 \\rangle", True),
+    # equations
+    ("y = -\\frac{1}{2}x + 3", "y = 3 - \\frac{x}{2}", True), ("y = -\\frac{1}{2}x + 3", "y=-2x+3", False),
+    ("x^2 + y^2 = 4", "x^2+y^2-4=0", True),
+    ("y = 2", "2", True), ("y=x^2", "y = x^2", True), ("y = x^2", "x^2 = y", True), ("3x - 2y = 6", "3x-2y=6", True),
+    ("x = 1", "x = 1.0", True), ("x=\\frac12", "x=0.5", True), ("z = 4", "4", True), ("b = 7", "b=8", False),
+    # expressions
+    ("\\frac{x+2}{x-1}", "\\frac{2+x}{-1+x}", True), ("\\frac{x+2}{x-1}", "\\frac{x-2}{x+1}", False),
+    ("e^{2x}", "(e^x)^2", True),
+    ("x^2 - 5x + 6", "(x-2)(x-3)", True), ("x^2 - 5x + 6", "(x+2)(x+3)", False),
+    ("\\frac{1}{x+1}", "(x+1)^{-1}", True),
+    ("a(b+c)", "ab+ac", True), ("2^{10}", "2^{11}", False), ("3n+1", "1+3n", True), ("n^3", "n^2", False),
+    ("\\sqrt{x}", "x^{1/2}", True), ("\\frac{a+b}{2}", "\\frac{a}{2}+\\frac{b}{2}", True), ("x-y", "y-x", False),
+    # logs & exps
+    ("\\log_2 3", "\\frac{\\ln 3}{\\ln 2}", True), ("e^2", "e^{2}", True), ("e", "2.718", False),
+    ("\\ln 8", "3\\ln 2", True),
+    ("\\log_{10} 1000", "3", True), ("2^{-3}", "\\frac18", True), ("e^{-1}", "\\frac{1}{e}", True),
+    # infinity
+    ("-\\infty", "-\\infty", True), ("\\infty", "\\text{infinity}", True), ("\\infty", "1000000", False),
+    ("\\infty", "\\infin", True),
+    # complex
+    ("1-i", "-i+1", True), ("\\frac{1+i}{2}", "\\frac12+\\frac12i", True), ("2+3i", "2+3j", False),
+    ("-1", "i^2", True),
+    ("2e^{i\\pi/3}", "1+\\sqrt{3}i", True), ("3i", "-3i", False), ("\\pm i", "i, -i", True),
+    # bases
+    ("101_2", "5", False), ("101_{2}", "101_2", True), ("FF_{16}", "FF_16", True), ("333_4", "333", True),
+    ("21_3", "21_4", False),
+    # AIME padding
+    ("070", "70", True), ("070", "7", False), ("999", "0999", True),
+    # whole responses
+    ("25", "Step 1: 5 * 5 = <<5*5=25>>25\n#### 25", True), ("25", "5*5=<<5*5=25>>25\n#### 25.00", True),
+    ("25", "#### 2 5", False),
+    ("1200", "The total cost is $1,200.\n#### $1,200", True), ("0.5", "The probability is 1/2.", True),
+    ("12", "The answer is $\\boxed{12}$ square units.", True), ("12", "So we get \\boxed{12\\text{ cm}}.", True),
+    ("\\frac{1}{4}", "Answer: $\\frac14$", True),
+    ("\\frac{1}{4}", "**Final Answer**\n\n$\\boxed{\\frac{1}{4}}$", True),
+    ("4", "The final answer is: 4", True), ("4", "Thus, the answer is **4**.", True),
+    ("4", "Thus, the answer is **5**.", False),
+    ("6", "\\boxed{6} is the answer. Double-checking: 2*3=6.", True),
+    ("6", "First guess \\boxed{5}. Actually \\boxed{6}.", True),
+    ("6", "\\boxed{6}. But wait, the answer is \\boxed{7}.", False), ("3", "\\boxed{\\text{3}}", True),
+    ("(2,3)", "\\boxed{(2,3)}", True),
+    ("\\frac{\\sqrt{2}}{2}", "$$\\boxed{\\frac{\\sqrt2}{2}}$$", True), ("\\pi", "\\boxed{\\pi}", True),
+    ("x=2", "\\boxed{x = 2}", True),
+    ("2", "\\fbox{$2$}", True), ("10", "The answer: \\boxed{\\textbf{10}}", True),
+    ("10", "<think>\nhmm 11?\n</think>\n\\boxed{10}", True),
+    ("10", "<think>\nthe answer is 10\n</think>\n\\boxed{11}", False), ("5", "\\boxed{5}\\boxed{}", True),
+    # mixed numbers and unicode
+    ("2.5", "2 1/2", True), ("1", "2 1/2", False), ("\\frac{7}{4}", "1 3/4", True), ("-2.5", "-2 1/2", True),
+    ("\\frac12", "½", True), ("\\frac34", "¾", True), ("x^2", "x²", True), ("9", "3²", True), ("8", "2³", True),
+    ("\\frac13", "¼", False),
+    # number notation
+    ("1234.56", "1,234.56", True), ("1234.56", "1,234.65", False), ("+5", "5", True),
+    ("6.02\\times10^{23}", "6.02e23", True),
+    ("1.5\\cdot 10^{-4}", "0.00015", True), ("1.5\\cdot10^{-4}", "0.0015", False), ("10^{-3}", "10^{3}", False),
+    ("1e3", "1e4", False),
+    ("3\\times 4", "12", True), ("2^5", "32", True), ("20!", "2432902008176640000", True),
+    ("\\binom{6}{3}", "20", True),
+    # approximations are not exact answers
+    ("\\pi", "3.14159", False), ("\\sqrt{2}", "1.41", False), ("\\frac{2}{3}", "0.667", False), ("e", "e^1", True),
+    # percent edge
+    ("50\\%", "\\frac{1}{2}", True), ("50\\%", "5\\%", False), ("\\frac{1}{2}", "50%", True),
+    ("0.5\\%", "0.005", True),
+    # money
+    ("\\$5.50", "5.05", False), ("\\$5.50", "\\$5.5", True), ("\\$1,000,000", "1 million dollars", True),
+    ("2.5", "\\$2.50", True),
+    # text answers
+    ("\\text{No}", "no", True), ("\\text{No}", "\\text{yes}", False), ("\\text{True}", "true", True),
+    ("\\text{odd}", "\\textbf{odd}", True),
+    ("\\text{Sunday}", "sunday", True), ("\\text{circle}", "\\text{Circle}", True),
+    ("\\text{circle}", "\\text{ellipse}", False),
+    # choices in prose
+    ("C", "The answer is (C) 42.", True), ("C", "The answer is C.", True),
+    ("C", "Therefore, $\\boxed{\\textbf{(C)}}$", True),
+    ("\\text{(C)}", "$\\boxed{\\textbf{(C) }42}$", True), ("\\text{(C)}", "\\boxed{(D)}", False),
+    ("D", "Answer: D", True),
+    # intervals / inequalities
+    ("(2, \\infty)", "(2,+\\infty)", True), ("[-1, \\infty)", "x \\geq -1", True), ("[-1,\\infty)", "x > -1", False),
+    ("(-\\infty, 2) \\cup (3, \\infty)", "x < 2 \\text{ or } x > 3", True), ("[0,1] \\cup [2,3]", "[0,3]", False),
+    ("(1, 2]", "(1, 2)", False), ("(-\\infty, \\infty)", "\\mathbb{R}", True), ("(-3, 3)", "-3<x<3", True),
+    ("(-3,3)", "-3\\le x\\le 3", False),
+    # sets and lists
+    ("1, 2, 3", "1, 2, 3, 4", False), ("\\{3, 4\\}", "3 \\text{ or } 4", True),
+    ("3, 4", "x = 4 \\text{ or } x = 3", True),
+    ("5, -5", "x = 5 \\text{ or } x = -5", True), ("5, -5", "x = 5 \\text{ or } x = 5", False),
+    ("\\{-2\\}", "-2", True),
+    ("0", "\\{0\\}", True), ("\\frac{1}{2}, 1", "1, \\frac{2}{4}", True),
+    # equations
+    ("y = 2x + 3", "y - 2x = 3", True), ("y = 2x + 3", "y - 2x = -3", False), ("x = 5", "x = -5", False),
+    ("f(x) = x^2", "x^2", True),
+    ("x^2 + y^2 = 9", "x^2+y^2=3^2", True), ("2x - y = 1", "y = 2x - 1", True), ("y = 2x - 1", "y = 2x+1", False),
+    # expressions with functions
+    ("\\frac{\\sin x}{\\cos x}", "\\tan x", True), ("\\cos^2 x - \\sin^2 x", "\\cos 2x", True),
+    ("\\log_2 (8)", "3", True),
+    ("\\sqrt{x^2}", "|x|", True), ("|x-1|", "|1-x|", True), ("|x-1|", "x-1", False),
+    # complex
+    ("\\frac{3}{5} - \\frac{4}{5}i", "\\frac{3-4i}{5}", True), ("\\frac{3}{5}-\\frac45 i", "\\frac{3+4i}{5}", False),
+    ("1+i", "\\sqrt{2}e^{i\\pi/4}", True),
+    ("2i", "i+i", True), ("-i", "\\frac{1}{i}", True),
+    # negatives and near-misses
+    ("-\\frac{1}{2}", "\\frac{1}{2}", False), ("2\\sqrt{2}", "\\sqrt{2}", False), ("\\sqrt{2}", "\\sqrt{2}/2", False),
+    ("-3", "3", False), ("(-1,-2)", "(1,2)", False), ("1/3", "0.333", False), ("10", "100", False),
+    ("x+1", "x-1", False),
+    # whole responses
+    ("5", "The answer is $x = 5$.", True), ("5", "Hence \\[x = 5.\\]", True),
+    ("5", "We find that $x=5$, so the solution is $x=5$.", True),
+    ("1,000,000", "She has 1000000 dollars.\n#### 1,000,000", True), ("5\\%", "\\boxed{5\\%}", True),
+    ("5", "\\boxed{\\$5}", True),
+    ("2", "\\boxed{\\displaystyle 2}", True), ("\\frac23", "\\boxed{\\displaystyle\\frac{2}{3}}", True),
+    ("12", "**12**", True),
+    ("3", "\\begin{align*} x &= 3 \\end{align*} \\boxed{3}", True), ("7", "The answer is 7 (seven).", True),
+    ("7", "The final answer is $\\boxed{7}$.\n\nThe final answer is $\\boxed{7}$.", True),
+    ("3", "\\boxed{3} \\quad \\boxed{4}", False),
+    # LaTeX spacing and wrappers
+    ("\\frac{1}{2}", "\\frac {1} {2}", True), ("\\frac{1}{2}", "{\\frac{1}{2}}", True),
+    ("\\{1,2\\}", "\\left\\{1, 2\\right\\}", True),
+    ("\\{1,2\\}", "x \\in \\{1, 2\\}", True), ("\\sqrt[3]{27}", "3", True), ("\\sqrt[3]{27}", "9", False),
+    ("3", "\\sqrt{9}", True),
+    ("\\frac{\\sqrt{5}}{5}", "\\frac{1}{\\sqrt{5}}", True), ("\\frac{\\sqrt5}{5}", "\\frac{\\sqrt5}{3}", False),
+    ("2", "\\dfrac{4}{2}", True),
+    ("25^\\circ \\text{C}", "25", True), ("25^\\circ", "25^\\circ \\text{C}", True), ("5 \\text{ cm.}", "5", True),
+    ("100", "100\\text{ meters}", True), ("3", "3\\ \\text{feet}", True), ("3", "3\\,\\mathrm{m}", True),
+    ("3", "3\\, \\text{cm}^{2}", True),
+    # formatted numbers
+    ("10000", "10{,}000", True), ("10000", "10\\,000", True), ("10000", "10 000", True), ("10000", "1000", False),
+    ("12345", "12 345", True),
+    # powers of ten / sci notation near misses
+    ("3\\times10^8", "3 \\times 10^9", False), ("3\\times 10^8", "300,000,000", True),
+    ("4.5 \\times 10^{-5}", "0.000045", True),
+    ("4.5\\times10^{-5}", "0.00045", False), ("2^{20}", "1048576", True), ("2^{20}", "1048575", False),
+    # fractions vs decimals, exact
+    ("\\frac{1}{8}", "0.12", False), ("\\frac{9}{16}", "0.5625", True), ("\\frac{9}{16}", "0.5626", False),
+    ("-\\frac{7}{2}", "-3.5", True), ("-\\frac72", "3.5", False), ("\\frac{100}{3}", "33\\frac{1}{3}", True),
+    ("\\frac{100}{3}", "33.3", False),
+    # pi and roots
+    ("\\pi^2", "\\pi \\cdot \\pi", True), ("2\\pi r", "2r\\pi", True), ("\\frac{\\pi}{4}", "45^\\circ", False),
+    ("4\\sqrt{2}\\pi", "\\sqrt{32}\\pi", True),
+    ("\\frac{1}{\\sqrt{2}}", "\\frac{\\sqrt2}{2}", True), ("\\sqrt{3}-1", "-1+\\sqrt3", True),
+    ("\\sqrt{3}-1", "1-\\sqrt3", False),
+    # algebraic
+    ("x(x+1)", "x^2+x", True), ("(x+y)^2", "x^2+2xy+y^2", True), ("(x+y)^2", "x^2+y^2", False),
+    ("\\frac{2}{x}", "2x^{-1}", True),
+    ("a^3 b^2", "b^2a^3", True), ("\\frac{n(n-1)}{2}", "\\binom{n}{2}", True), ("2^n - 1", "2^{n}-1", True),
+    ("2^n-1", "2^{n-1}", False),
+    # equations and assignments
+    ("k = 2", "k=2", True), ("k=2", "2", True), ("k = 2", "k=-2", False), ("m = -\\frac{3}{4}", "-0.75", True),
+    ("n = 10", "n=10.0", True),
+    ("y=\\frac{3}{2}x", "y=1.5x", True), ("y = 3", "y = -3", False),
+    # lists and tuples with text
+    ("(1, 3)", "(1,3)", True), ("(1,3)", "(3,1)", False), ("1, 3", "3 and 1", True), ("1, 3", "1 and 3 and 5", False),
+    ("\\text{A, C}", "A, C", True), ("\\text{A, C}", "C, A", True), ("\\text{A, C}", "A", False),
+    # complex
+    ("-1 + 2i", "2i - 1", True), ("-1+2i", "-1-2i", False), ("\\sqrt{2} i", "i\\sqrt{2}", True),
+    ("4", "(1+i)(1-i)\\cdot 2", True),
+    # bases, digits
+    ("111_2", "7", False), ("7_{10}", "7", True), ("10_2", "2", False), ("1A_{16}", "1A_16", True),
+    # misc
+    ("\\text{undefined}", "undefined", True), ("\\text{none}", "\\text{None}", True), ("\\text{none}", "0", False),
+    ("6", "6 \\text{ ways}", True), ("12", "12 \\text{ students}", True), ("50", "50 \\text{ mph}", True),
+    ("50", "5", False),
+    # whole responses
+    ("14", "Janet has 3 + 4 = <<3+4=7>>7 apples, so 2 * 7 = <<2*7=14>>14.\n#### 14", True),
+    ("14", "3 + 4 = <<3+4=7>>7\n#### 7", False), ("14", "She pays $14.", True), ("14", "$14$", True),
+    ("\\frac{5}{2}", "Thus $\\boxed{5/2}$.", True), ("\\frac{5}{2}", "Final answer: $\\frac{5}{2}$", True),
+    ("\\frac{5}{2}", "The answer is $\\frac52$ or 2.5.", True), ("2", "the answer is 2, since $1+1 = 2$.", True),
+    ("(1, 2)", "So the point is $(1,2)$.", True), ("(1, 2)", "So the point is $(2,1)$.", False),
+    ("\\text{(A)}", "\\boxed{A}", True), ("\\text{(A)}", "\\boxed{\\mathrm{(A)}}", True),
+    ("\\text{(A)}", "\\boxed{\\text{A}}", True),
+    ("\\frac{\\pi}{3}", "\\boxed{\\dfrac{\\pi}{3}}", True), ("\\frac{\\pi}{3}", "\\boxed{60^\\circ}", False),
+    ("10", "x = 2 \\cdot 5 = 10", True), ("10", "2 \\cdot 5 = 10", True), ("10", "5 + 5 = 11", False),
+    ("5", "5 = x", True),
+    ("3.14", "\\approx 3.14", True), ("3.14", "x \\approx 3.14", True), ("\\text{square}", "a square", True),
+    ("\\text{square}", "\\text{a square}", True),
+    ("\\emptyset", "\\text{the empty set}", True), ("0.5", "#### 0.5", True), ("1234.5", "1,234.50", True),
+    ("-12\\%", "-0.12", True),
+    ("-12\\%", "12\\%", False), ("5", "\\boxed{5} \\text{ dollars}", True), ("a \\neq 1", "a \\ne 1", True),
+    ("x \\leq 3", "x \\le 3", True),
+    ("x \\leq 3", "x < 3", False), ("-0.5", "-\\frac{1}{2}", True), ("1,234", "1234.0", True),
+    ("(1,2), (3,4)", "(3,4), (1,2)", True), ("(1,2), (3,4)", "(1,2)", False), ("(1,2),(3,4)", "(2,1),(4,3)", False),
+    ("\\frac{1}{2}", "\\frac{1}{2}\\text{.}", True), ("\\text{Alice}", "Alice.", True),
+    ("\\text{Alice}", "\\text{Bob}", False),
+    ("7", "x=7 \\text{ (units)}", True), ("90", "\\angle ABC = 90^\\circ", True), ("24", "AB = 24", True),
+    ("24", "AB = 42", False),
+    ("\\frac{1}{2}", "P = \\frac{1}{2}", True), ("\\frac{1}{2}", "P(A) = \\frac{1}{2}", True),
+    ("3", "f(2) = 3", True),
+    ("2", "\\log_{3} 9", True), ("x^2 + 1", "f(x) = x^2 + 1", True), ("y = x + 2", "y = 2 + x", True),
+    ("6", "\\boxed{6}\\text{ ways}", True),
+]

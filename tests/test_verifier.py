@@ -12,8 +12,8 @@ from hypothesis import given, settings, strategies as st
 from bppo_kit import verifier as V
 from bppo_kit.config import shared_data_dir
 from bppo_kit.data import read_jsonl
-from bppo_kit.verifier import (HARD_MARGIN, TRICKY_CASES, Score, SymbolicPool, agreement, extract_answer, gold_answer,
-                               reward_fn, score, score_batch)
+from bppo_kit.verifier import (HARD_MARGIN, MORE_CASES, TRICKY_CASES, Score, SymbolicPool, agreement, extract_answer,
+                               gold_answer, reward_fn, score, score_batch)
 
 DATA = shared_data_dir()
 needs_data = pytest.mark.skipif(not (DATA / "gsm8k" / "test.jsonl").exists(), reason="shared data not present")
@@ -66,6 +66,24 @@ def test_table_is_balanced():
     n_true = sum(e for _, _, e in TRICKY_CASES)
     assert 0.15 < 1 - n_true / len(TRICKY_CASES) < 0.5  # enough wrong answers that "always yes" fails the bar
     assert len({(g, p) for g, p, _ in TRICKY_CASES}) == len(TRICKY_CASES)
+
+def test_second_table_written_after_the_code():
+    "`MORE_CASES` was written after the code and graded before fixing; the kit must keep >= 97% and beat plain math-verify"
+    acc, wrong = agreement(MORE_CASES)
+    acc_plain, _ = agreement(MORE_CASES, plain=True)
+    print(f"\nkit {acc:.1%} vs plain math-verify {acc_plain:.1%} on {len(MORE_CASES)} more cases")
+    assert len(MORE_CASES) >= 600
+    assert acc >= 0.97, wrong
+    assert acc_plain < acc
+    keys = [(g, p) for g, p, _ in MORE_CASES]
+    assert len(set(keys)) == len(keys) and not set(keys) & {(g, p) for g, p, _ in TRICKY_CASES}
+    assert 0.15 < 1 - sum(e for *_, e in MORE_CASES) / len(MORE_CASES) < 0.5
+
+@pytest.mark.parametrize("gold,pred", [("2ab", "2"), ("4a+3d", "4a+3"), ("3h", "3"), ("25", "2 5"), ("1", "1 million"),
+                                       ("1", "2 1/2"), ("\\frac{1}{2}", "\\cos 30^\\circ"), ("60^\\circ", "\\frac{\\pi}{3}")])
+def test_near_misses_from_the_second_table(gold, pred):
+    "Rules added for the second table must not over-accept: letters are not units, `2 5` is not 25, a scale is no unit"
+    assert not score(pred, gold).correct
 
 # ---- safety: hostile inputs ----------------------------------------------------------------------------------------
 
