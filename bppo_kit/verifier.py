@@ -88,7 +88,7 @@ _NUMBER = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?(?!\d)|-?\d+(?:\.\d+)?(?:/\
 _CALC = re.compile(r"<<[^<>\n]{0,200}>>")
 _COMMAND_OR_TEXT = re.compile(r"\\(?:text|textbf|mathrm|mbox|begin|end)\s*\{[^{}]{0,100}\}|\\[A-Za-z]+")
 _BARE_WORDS = {"and", "or", "sqrt", "pi", "infty", "inf", "infinity", "percent", "dollars", "cents", "degrees", "units",
-               "thousand", "million", "billion", "trillion"}
+               "thousand", "million", "billion", "trillion", "option", "choice"}
 
 def _span_content(m: re.Match) -> str: return next(g for g in m.groups() if g is not None).strip()
 
@@ -121,7 +121,10 @@ def extract_answer(text: str, # the model's response (or a bare answer)
     if b: found.append((b[-1][0], b[-1][1], "boxed"))
     p = [m for m in _PHRASE.finditer(text) if m.group(1).strip()]
     if p:
-        a = _phrase_answer(p[-1].group(1))
+        a, inner = p[-1].group(1), 0
+        while inner < 3 and (q := [m for m in _PHRASE.finditer(a) if m.group(1).strip()]):  # Answer: the answer is 5
+            a, inner = q[-1].group(1), inner + 1
+        a = _phrase_answer(a)
         strong = bool(re.search(r"[\d\\^=]", a)) or bool(re.fullmatch(r"\(?[A-E]\)?", a))
         if a and (strong or not found): found.append((p[-1].start(), a, "phrase"))  # "our answer is correct" is no answer
     if found:
@@ -166,9 +169,12 @@ def gold_answer(gold, # the reference: bare, `... #### N`, a solution with `\box
 _UNICODE = str.maketrans({"−": "-", "–": "-", "—": "-", "×": "\\times ", "·": "\\cdot ", "÷": "\\div ", "π": "\\pi ",
                           "∞": "\\infty ", "≤": "\\le ", "≥": "\\ge ", "≠": "\\ne ", "√": "\\sqrt ", "°": "^\\circ ",
                           "\u00a0": " ", "，": ",", "＄": "$", "½": "\\frac{1}{2}", "⅓": "\\frac{1}{3}", "⅔": "\\frac{2}{3}",
-                          "¼": "\\frac{1}{4}", "¾": "\\frac{3}{4}", "⅛": "\\frac{1}{8}", "²": "^2", "³": "^3"})
+                          "¼": "\\frac{1}{4}", "¾": "\\frac{3}{4}", "⅛": "\\frac{1}{8}", "²": "^2", "³": "^3",
+                          "±": "\\pm ", "∓": "\\mp ", "≈": "\\approx ", "∪": "\\cup ", "∩": "\\cap ", "∈": "\\in ",
+                          "∅": "\\emptyset ", "ℝ": "\\mathbb{R}", "⋅": "\\cdot ", "∙": "\\cdot "})
 _PLAIN_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
-_UNIT_WORDS = re.compile(r"^(.*?[\d}\)])\s*((?:(?!(?:arc)?(?:sin|cos|tan|cot|sec|csc|log|exp)\b)[A-Za-z]{3,}|cm|mm|km|ft|in|yd|mi|kg|mg|ml|hr|oz|lb)\.?"
+_UNIT_WORDS = re.compile(r"^(.*?[\d}\)])\s*((?:(?:k|c|m)?m|ft|mi|in|yd|k?g|m?[lL])/(?:s|h|hr|min|sec)(?:\^?\{?2\}?)?|"  # km/h, m/s^2
+                         r"(?:(?!(?:arc)?(?:sin|cos|tan|cot|sec|csc|log|exp)\b)[A-Za-z]{3,}|cm|mm|km|ft|in|yd|mi|kg|mg|ml|hr|oz|lb)\.?"
                          r"(?:\s+[A-Za-z]{2,}\.?){0,3})\s*(?:\^\s*\{?[23]\}?)?$")
 
 def _unwrap(s: str, cmd: str) -> str:
@@ -261,7 +267,7 @@ def normalize_answer(s: str) -> str:
     s = s.replace("\\%", "%").replace("\\$", "").replace("$", "").replace("\\textdollar", "")
     s = re.sub(r"\\varnothing(?![A-Za-z])", r"\\emptyset", s)
     s = re.sub(r"\\approx(?![A-Za-z])", "=", re.sub(r"^\s*\\approx\s*", "", s))  # x \approx 3.14: the value is the answer
-    s = re.sub(r"\s+(?:or|and)\s+", ", ", s)
+    s = re.sub(r"\s*,?\s+(?:or|and)\s+", ", ", s)  # 1, 2, and 3
     s = re.sub(r"(?<![A-Za-z])\\?sqrt\s*\(([^()]{1,100})\)", r"\\sqrt{\1}", s)  # sqrt(2) -> \sqrt{2}
     s = re.sub(r"(?<![\\A-Za-z])(sqrt|pi|infty)(?![A-Za-z])", r"\\\1", s)
     s = re.sub(r"(?<![A-Za-z])\\?(?:infinity|infin|inf)(?![A-Za-z])", r"\\infty", s)
@@ -274,6 +280,7 @@ def normalize_answer(s: str) -> str:
     if s.isalpha() or "-" in s and s.replace("-", "").isalpha(): s = _number_word(s)
     m = _UNIT_WORDS.fullmatch(s)
     if m and re.search(r"\d", m.group(1)) and not m.group(2).startswith(("or ", "and ")): s = m.group(1).strip()
+    s = re.sub(r"^(?:option|choice)\s*:?\s*(?=\(?[A-Ea-e]\)?$)", "", s, flags=re.I)  # option C, choice (C)
     m = re.fullmatch(r"\(?([A-Ea-e])\)(?:\s.*)?|\(([A-E])\)?|([A-E])", s)  # multiple choice: (C), C), \textbf{(C)} 12
     if m: s = next(g for g in m.groups() if g).upper()
     m = _BASE.fullmatch(s)  # a number in another base: 52_{8} -> 52_8
@@ -454,10 +461,17 @@ def _imaginary(s: str) -> str:
     if "i" not in letters or letters - {"i", "e"}: return s
     return re.sub(r"(?<![\\A-Za-z])i(?![A-Za-z])", "(I)", s)  # in parentheses: the parser drops the power of a bare I^2
 
+_DECIMAL = re.compile(r"(?<![\d.])(\d{1,15})\.(\d{1,15})(?![\d.])")
+
+def _exact(s: str) -> str:
+    "`s` with each decimal inside an expression written as a fraction, so that `\\sqrt{2.5}` is exactly `\\sqrt{10}/2`"
+    if "." not in s or _PLAIN_NUMBER.fullmatch(s.strip()): return s
+    return _DECIMAL.sub(lambda m: f"\\frac{{{int(m.group(1) + m.group(2))}}}{{{10 ** len(m.group(2))}}}", s)
+
 @lru_cache(maxsize=4096)
 def _parse_latex(s: str):
     mv = _mv()
-    return tuple(mv["parse"](f"${_imaginary(s)}$", extraction_config=mv["cfg"], parsing_timeout=None))
+    return tuple(mv["parse"](f"${_imaginary(_exact(s))}$", extraction_config=mv["cfg"], parsing_timeout=None))
 
 def symbolic_equal(preds: list[str], # normalized forms of the prediction
                    golds: list[str]) -> bool: # normalized forms of the gold answer
@@ -1281,4 +1295,36 @@ MORE_CASES = [  # (gold, prediction, correct?): written after the code, each rou
     ("3", "f(2) = 3", True),
     ("2", "\\log_{3} 9", True), ("x^2 + 1", "f(x) = x^2 + 1", True), ("y = x + 2", "y = 2 + x", True),
     ("6", "\\boxed{6}\\text{ ways}", True),
+    ("42", "4.2e1", True), ("42", "84/2", True), ("42", "0042", True), ("42", " 42 ", True), ("42", "43", False),
+    ("5", "5.", True),
+    ("50\\%", "50.0\\%", True), ("\\frac{3}{2}", "\\frac{6}{4}", True), ("\\frac12", "\\frac{-1}{-2}", True),
+    ("\\frac34", "3 / 4", True),
+    ("2\\sqrt2", "2 \\sqrt 2", True), ("\\frac{\\sqrt2}{2}", "\\sqrt2/2", True),
+    ("\\frac{\\sqrt{2}}{2}", "\\sqrt{\\frac{1}{2}}", True),
+    ("\\frac{\\sqrt{10}}{2}", "\\sqrt{2.5}", True), ("\\frac{\\pi}{2}", "1.5708", False),
+    ("\\frac{\\pi}{2}", "pi/2", True),
+    ("3\\times10^8", "3.0 \\times 10^{8}", True), ("3\\times10^8", "3E8", True), ("3\\times10^8", "3*10^8", True),
+    ("3\\times10^8", "3·10^8", True),
+    ("5", "5 km/h", True), ("60", "60 miles per hour", True), ("5", "5 m/s", True), ("5", "5 cm^2", True),
+    ("5", "5 square centimeters", True),
+    ("C", "Option C", True), ("C", "choice (C)", True), ("C", "Option D", False),
+    ("(-\\infty, 0) \\cup (0, \\infty)", "(-∞, 0) ∪ (0, ∞)", True), ("\\pm 3", "±3", True), ("3.14", "≈3.14", True),
+    ("\\emptyset", "∅", True),
+    ("(-\\infty,\\infty)", "ℝ", True), ("1, 2, 3", "1, 2, and 3", True), ("\\{1,2,3\\}", "{1, 2, 3}", True),
+    ("1, 2, 3", "1, 2, and 4", False),
+    ("\\frac{1}{2}x^2", "x^2/2", True), ("\\frac{1}{2}x^2", "\\frac{1}{2}x", False),
+    ("\\frac{\\pi}{6}", "\\sin^{-1}(1/2)", True),
+    ("\\frac{\\pi}{6}", "\\arcsin\\frac12", True), ("-1", "\\cos(\\pi)", True), ("1", "\\sec 0", True),
+    ("\\frac{\\pi}{4}", "\\arctan 1", True),
+    ("-\\infty", "-∞", True), ("3+4i", "3 + 4\\mathrm{i}", True), ("3+4i", "3+4\\,i", True), ("11", "11_{10}", True),
+    ("025", "25.0", True), ("5", "**Final Answer:** $\\boxed{5}$", True),
+    ("5", "Final Answer: The final answer is $5$. I hope it is correct.", True),
+    ("5", "answer: 5", True), ("5", "#### The answer is 5", True), ("5", "Answer: \\(\\boxed{5}\\)", True),
+    ("5", "So, $x = \\boxed{5}$.", True),
+    ("2", "She had 5 apples, then 3 were eaten, leaving 2.", True), ("5", "#### 5 dollars", True),
+    ("1234567", "#### 1,234,567", True),
+    ("-5", "#### -5", True), ("-5", "\\boxed{5}", False), ("5", "<think>\nso 2+3\n</think>\n\nThe answer is 5", True),
+    ("6", "\\boxed{5}. Wait, recheck: the answer is 6.", True), ("x^2", "x^3", False), ("10\\%", "0.01", False),
+    ("\\text{(B)}", "B) 12", True), ("\\text{(B)}", "the answer is B", True), ("2", "\\boxed{2}\n\nAnswer: 2", True),
+    ("\\frac{1}{3}", "0.\\overline{3}", True), ("0.25", "\\frac{1}{4}\\text{ of the pie}", True),
 ]
