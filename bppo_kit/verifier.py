@@ -119,7 +119,7 @@ def extract_answer(text: str, # the model's response (or a bare answer)
     if h: found.append((h[-1].start(), h[-1].group(1).strip().rstrip("."), "hash"))
     b = [x for x in _boxed_spans(text) if x[1]]  # an empty \boxed{} answers nothing
     if b: found.append((b[-1][0], b[-1][1], "boxed"))
-    p = [m for m in _PHRASE.finditer(text) if m.group(1).strip()]
+    p = [m for m in _PHRASE.finditer(text) if m.group(1).strip()] if "answer" in text.lower() else []  # skip the slow scan
     if p:
         a, inner = p[-1].group(1), 0
         while inner < 3 and (q := [m for m in _PHRASE.finditer(a) if m.group(1).strip()]):  # Answer: the answer is 5
@@ -254,7 +254,7 @@ def normalize_answer(s: str) -> str:
     s = re.sub(r"\\(?:left|right)(?![A-Za-z])|\\(?:displaystyle|textstyle)(?![A-Za-z])", "", s)
     s = re.sub(r"(?<!\\)\\[!,;: ]|\\q?quad(?![A-Za-z])|~", " ", s)
     s = re.sub(r"\\[dt]frac(?![A-Za-z])", r"\\frac", s)
-    s = re.sub(r"\\[lr]angle(?![A-Za-z])", lambda m: "(" if m.group()[1] == "l" else ")", s)  # vectors <1, 2>
+    if "angle" in s: s = re.sub(r"\\[lr]angle(?![A-Za-z])", lambda m: "(" if m.group()[1] == "l" else ")", s)  # vectors <1, 2>
     if "circ" in s:  # degrees: radians inside a trig function (sin 30° = 1/2), else only a unit to drop
         if _TRIG.search(s): s = re.sub(r"(\d+(?:\.\d+)?)\s*" + _DEG, r"(\1\\pi/180)", s)
         s = _DEGREE.sub("", s)
@@ -265,30 +265,31 @@ def normalize_answer(s: str) -> str:
     for cmd in ("textbf", "textit", "textrm", "text", "mbox", "mathrm", "mathbf", "operatorname"):
         if "\\" + cmd in s: s = _unwrap(s, cmd)
     s = s.replace("\\%", "%").replace("\\$", "").replace("$", "").replace("\\textdollar", "")
-    s = re.sub(r"\\varnothing(?![A-Za-z])", r"\\emptyset", s)
-    s = re.sub(r"\\approx(?![A-Za-z])", "=", re.sub(r"^\s*\\approx\s*", "", s))  # x \approx 3.14: the value is the answer
+    if "\\varnothing" in s: s = re.sub(r"\\varnothing(?![A-Za-z])", r"\\emptyset", s)
+    if "\\approx" in s: s = re.sub(r"\\approx(?![A-Za-z])", "=", re.sub(r"^\s*\\approx\s*", "", s))  # x \approx 3.14: the value is the answer
     s = re.sub(r"\s*,?\s+(?:or|and)\s+", ", ", s)  # 1, 2, and 3
     s = re.sub(r"(?<![A-Za-z])\\?sqrt\s*\(([^()]{1,100})\)", r"\\sqrt{\1}", s)  # sqrt(2) -> \sqrt{2}
     s = re.sub(r"(?<![\\A-Za-z])(sqrt|pi|infty)(?![A-Za-z])", r"\\\1", s)
     s = re.sub(r"(?<![A-Za-z])\\?(?:infinity|infin|inf)(?![A-Za-z])", r"\\infty", s)
-    s = re.sub(r"^\*\*(.+)\*\*$", r"\1", s)  # markdown bold
+    if s.startswith("**"): s = re.sub(r"^\*\*(.+)\*\*$", r"\1", s)  # markdown bold
     s = s.replace("**", "^").strip().rstrip(".").strip()
     m = re.fullmatch(r"(.*?\d)\s*(?:percent|pct)\.?", s)
     if m: s = m.group(1) + "%"
-    m = re.fullmatch(r"(-?\d+(?:\.\d+)?)\s*(thousand|million|billion|trillion)\b(.*)", s)  # 1.5 million: a number, not a unit
+    m = ("illion" in s or "thousand" in s) and re.fullmatch(r"(-?\d+(?:\.\d+)?)\s*(thousand|million|billion|trillion)\b(.*)", s)  # 1.5 million: a number, not a unit
     if m: s = f"{Decimal(m.group(1)) * 10 ** _SCALE[m.group(2)]:f}{m.group(3)}"
     if s.isalpha() or "-" in s and s.replace("-", "").isalpha(): s = _number_word(s)
     m = _UNIT_WORDS.fullmatch(s)
     if m and re.search(r"\d", m.group(1)) and not m.group(2).startswith(("or ", "and ")): s = m.group(1).strip()
-    s = re.sub(r"^(?:option|choice)\s*:?\s*(?=\(?[A-Ea-e]\)?$)", "", s, flags=re.I)  # option C, choice (C)
+    if s[:1] in "oOcC": s = re.sub(r"^(?:option|choice)\s*:?\s*(?=\(?[A-Ea-e]\)?$)", "", s, flags=re.I)  # option C, choice (C)
     m = re.fullmatch(r"\(?([A-Ea-e])\)(?:\s.*)?|\(([A-E])\)?|([A-E])", s)  # multiple choice: (C), C), \textbf{(C)} 12
     if m: s = next(g for g in m.groups() if g).upper()
     m = _BASE.fullmatch(s)  # a number in another base: 52_{8} -> 52_8
     if m: s = f"{m.group(1)}_{m.group(2)}"
     s = re.sub(r"^[A-Za-z]\s*\\in\s*", "", s)  # x \in [1,2] -> [1,2]
     if re.fullmatch(r"\{[^{}]*\}", s): s = s[1:-1]
-    if (m := re.fullmatch(r"(?:a|an|the)\s+([A-Za-z]{3,}(?: [A-Za-z\-]+){0,3})", s, re.I)): s = m.group(1)  # a square
-    if re.fullmatch(r"(?:the\s+)?(?:empty|null)\s+set", s, re.I): s = "\\emptyset"
+    if s[:1] in "aAtTeEnN" and " " in s:
+        if (m := re.fullmatch(r"(?:a|an|the)\s+([A-Za-z]{3,}(?: [A-Za-z\-]+){0,3})", s, re.I)): s = m.group(1)  # a square
+        if re.fullmatch(r"(?:the\s+)?(?:empty|null)\s+set", s, re.I): s = "\\emptyset"
     return s.strip()
 
 # %% ../nbs/01_verifier.ipynb #82247455
@@ -341,10 +342,13 @@ def to_number(s: str) -> Fraction | None:
 _ASSIGN = re.compile(r"\s*[A-Za-z](?:_\{?\w{1,3}\}?)?\s*=\s*([^=]+)")
 _ASSIGN_R = re.compile(r"\s*([^=]+?)\s*=\s*[A-Za-z](?:_\{?\w{1,3}\}?)?\s*")  # 5 = x
 
+_SPACE = re.compile(r"(?<!\d)\s+|\s+(?!\d)")  # "2 5" is not 25 (1 000 is, as a number: `to_number`)
+_WORD = re.compile(r"[A-Za-z'\-]+")
+
 def _key(s: str) -> str:
-    "A comparison key: no whitespace, and lower case for plain words"
-    k = re.sub(r"(?<!\d)\s+|\s+(?!\d)", "", s)  # "2 5" is not 25 (1 000 is, as a number: `to_number`)
-    return k.lower() if re.fullmatch(r"[A-Za-z'\-]+", k) else k
+    "A comparison key: no whitespace (but digits apart stay apart), and lower case for plain words"
+    k = _SPACE.sub("", s) if " " in s or "\t" in s or "\n" in s else s
+    return k.lower() if _WORD.fullmatch(k) else k
 
 def _split_top(s: str) -> list[str]:
     "`s` split at commas outside brackets"
