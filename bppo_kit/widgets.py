@@ -41,6 +41,7 @@ UI_RANGES = {  # key -> (low, high, step, log scale); clipped to the field's own
     "rollout.temperature": (0.1, 2.0, 0.05, False), "rollout.max_new_tokens": (16, 512, 8, False),
     "train.seed": (0, 99, 1, False), "data.eval_size": (0, 200, 1, False), "train.eval_every": (0, 50, 1, False),
     "algo.beta": (0.0, 0.5, 0.01, False), "rollout.top_p": (0.05, 1.0, 0.05, False),
+    "rollout.window": (0, 160, 8, False),  # T-PPO's window length, where the config has it (0 = whole responses)
 }
 
 def panel_fields(cfg: Config) -> tuple[list[str], list[str]]:
