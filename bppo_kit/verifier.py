@@ -82,7 +82,7 @@ def last_boxed(text: str) -> str | None:
 # %% ../nbs/01_verifier.ipynb #5ae1e95e
 _HASH = re.compile(r"####[ \t]*([^\n]{0,300})")
 _PHRASE = re.compile(r"(?im)(?:\b(?:the|my)\s+(?:final\s+)?answer\s+is\b\s*:?|\bfinal\s+answer\s*(?:is\b|:)\s*:?"
-                     r"|^[ \t*#]*answer\s*[:=])[ \t*]*([^\n]{0,300})")  # "check our answer: ..." is not one
+                     r"|^[ \t*#]*(?:\\text(?:bf)?\{\s*)?answer\s*[:=])[ \t*]*([^\n]{0,300})")  # "check our answer: ..." is not one
 _SPAN = re.compile(r"\$\$(.{1,1000}?)\$\$|\$(.{1,1000}?)\$|\\\((.{1,1000}?)\\\)|\\\[(.{1,1000}?)\\\]", re.DOTALL)
 _NUMBER = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?(?!\d)|-?\d+(?:\.\d+)?(?:/\d+)?|-?\.\d+")
 _CALC = re.compile(r"<<[^<>\n]{0,200}>>")
@@ -94,7 +94,7 @@ def _span_content(m: re.Match) -> str: return next(g for g in m.groups() if g is
 
 def _phrase_answer(s: str) -> str:
     "The answer in the text that follows 'the answer is': a leading math span, or the sentence up to its end"
-    s = s.strip().strip("*").strip()  # markdown bold: **Answer:** 5, the answer is **5**
+    s = s.strip().lstrip("}").strip().strip("*").strip()  # \textbf{Answer:} 5, **Answer:** 5, the answer is **5**
     m = _SPAN.match(s)
     if m: return _span_content(m)
     s = re.split(r"(?<=\S)\.(?:\s|$)|;| because | since | as | so ", s, maxsplit=1)[0]
@@ -278,6 +278,8 @@ def normalize_answer(s: str) -> str:
     m = ("illion" in s or "thousand" in s) and re.fullmatch(r"(-?\d+(?:\.\d+)?)\s*(thousand|million|billion|trillion)\b(.*)", s)  # 1.5 million: a number, not a unit
     if m: s = f"{Decimal(m.group(1)) * 10 ** _SCALE[m.group(2)]:f}{m.group(3)}"
     if s.isalpha() or "-" in s and s.replace("-", "").isalpha(): s = _number_word(s)
+    m = re.fullmatch(r"(-?[\d.,]+)\s+(?:m|s|g|h|L|l|K|N|J|W|V)(?:\^\{?[23]\}?)?", s)  # 5 m: a number, then a space, then an SI unit
+    if m: s = m.group(1)
     m = _UNIT_WORDS.fullmatch(s)
     if m and re.search(r"\d", m.group(1)) and not m.group(2).startswith(("or ", "and ")): s = m.group(1).strip()
     if s[:1] in "oOcC": s = re.sub(r"^(?:option|choice)\s*:?\s*(?=\(?[A-Ea-e]\)?$)", "", s, flags=re.I)  # option C, choice (C)
@@ -1331,4 +1333,33 @@ MORE_CASES = [  # (gold, prediction, correct?): written after the code, each rou
     ("6", "\\boxed{5}. Wait, recheck: the answer is 6.", True), ("x^2", "x^3", False), ("10\\%", "0.01", False),
     ("\\text{(B)}", "B) 12", True), ("\\text{(B)}", "the answer is B", True), ("2", "\\boxed{2}\n\nAnswer: 2", True),
     ("\\frac{1}{3}", "0.\\overline{3}", True), ("0.25", "\\frac{1}{4}\\text{ of the pie}", True),
+    # short units after a space
+    ("5", "5 m", True), ("9.8", "9.8 m/s^2", True), ("12", "12 g", True), ("3", "3 h", True), ("2", "2 L", True),
+    ("7", "7 s", True),
+    ("5", "6 m", False), ("5 \\text{ m}", "5", True), ("100", "100 kg", True), ("100", "100 N", True),
+    # golds written as solutions
+    ("The total is $3 + 4 = \\boxed{7}$.", "7", True), ("The total is $3 + 4 = \\boxed{7}$.", "\\boxed{8}", False),
+    ("He pays 2*5=<<2*5=10>>10 dollars.\n#### 10", "\\$10", True), ("#### 1,000", "1000.00", True),
+    ("\\boxed{\\frac{1}{2}}", "0.5", True),
+    ("So $x \\in \\boxed{[2, 5)}$.", "[2,5)", True), ("So $x \\in \\boxed{[2, 5)}$.", "[2,5]", False),
+    # DeepSeek / Qwen style responses
+    ("12", "...\n\n**Final Answer**\n\\[\n\\boxed{12}\n\\]", True),
+    ("12", "Thus, the final answer is \\(\\boxed{12}\\).", True),
+    ("12", "The final answer is $\\boxed{12}$", True), ("12", "\\textbf{Answer:} 12", True),
+    ("12", "\\text{The answer is } 12", True),
+    ("\\frac{3}{4}", "...\n\\[\n\\boxed{\\dfrac{3}{4}}\n\\]", True),
+    ("\\frac{3}{4}", "...\n\\[\n\\boxed{\\dfrac{4}{3}}\n\\]", False),
+    ("(2, -1)", "Therefore, the solution is \\(\\boxed{(2, -1)}\\).", True),
+    ("(2, -1)", "The solution is $x=2$, $y=-1$, i.e. $\\boxed{(2,-1)}$.", True),
+    ("\\text{(D)}", "Thus the answer is $\\boxed{\\text{D}}$.", True),
+    ("\\text{(D)}", "Thus the answer is $\\boxed{\\text{(E)}}$.", False),
+    # answers in sentences without anchors
+    ("15", "So there are 15 students in the class.", True), ("15", "So there are 16 students in the class.", False),
+    ("\\frac{1}{6}", "The probability is therefore $\\frac{1}{6}$.", True), ("3", "Therefore $n = 3$.", True),
+    # mixed near misses
+    ("0.5", "5", False), ("1/2", "2", False), ("\\sqrt{3}", "\\sqrt{3}/3", False),
+    ("\\frac{\\pi}{3}", "\\frac{\\pi}{6}", False),
+    ("[1, 3]", "[1, 3) \\cup \\{3\\}", True), ("(0, 2)", "(0, 2) \\cup (2, 3)", False),
+    ("x = 2", "x = 2, x = 3", False),
+    ("\\{1, 2\\}", "\\{1, 2, 3\\}", False), ("(1, 2, 3)", "(1, 3, 2)", False), ("2 + i", "2 - i", False),
 ]
