@@ -8,10 +8,13 @@ Docs: https://bppo-kit.github.io/bppo_kit/bppo.html.md"""
 from __future__ import annotations
 import torch
 from .config import Config
+from .data import Example
 from .grpo import Rollout, TrainItem, group_advantages, zero_signal_frac
+from .verifier import score
 
 # %% auto #0
-__all__ = ['PREFIX_MODES', 'select_binary', 'prefix_lengths', 'scheduled_ratio', 'pair_advantages', 'BPPO']
+__all__ = ['PREFIX_MODES', 'select_binary', 'prefix_lengths', 'scheduled_ratio', 'masked_group_advantages', 'pair_advantages',
+           'early_stop', 'BPPO']
 
 # %% ../nbs/07_bppo.ipynb #360bee7a
 def select_binary(correct: torch.Tensor, # [B, G] bool
@@ -53,18 +56,40 @@ def scheduled_ratio(step: int, total: int, start: float, end: float) -> float:
     return start + (end - start) * (step / max(total - 1, 1))
 
 # %% ../nbs/07_bppo.ipynb #a21044f1
+def masked_group_advantages(rewards: torch.Tensor, valid: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    "`group_advantages` over the valid members of each group only (invalid ones get 0)"
+    v = valid.float(); k = v.sum(1, keepdim=True).clamp(min=1)
+    mu = (rewards.float() * v).sum(1, keepdim=True) / k
+    sd = (((rewards.float() - mu) ** 2 * v).sum(1, keepdim=True) / k).sqrt()
+    return (rewards.float() - mu) * (sd > eps) / (sd + eps) * v
+
 def pair_advantages(rewards: torch.Tensor, correct: torch.Tensor, sel: torch.Tensor, # [B, G], [B, G], [B, 2]
-                    weight: str = "class") -> torch.Tensor:
+                    weight: str = "class", valid: torch.Tensor | None = None) -> torch.Tensor: # valid: [B, G], None = all
     "Advantages [B, 2] of the selected completions, from the full group's normalization (0 where none)"
-    adv = group_advantages(rewards, "group")
+    adv = group_advantages(rewards, "group") if valid is None else masked_group_advantages(rewards, valid)
     picked = adv.gather(1, sel.clamp(min=0)) * (sel >= 0)
     if weight == "one": return picked
     if weight == "class":
-        n_c = correct.bool().sum(1, keepdim=True); n = torch.cat([n_c, correct.shape[1] - n_c], 1)
+        v = torch.ones_like(correct, dtype=torch.bool) if valid is None else valid.bool()
+        n_c = (correct.bool() & v).sum(1, keepdim=True); n = torch.cat([n_c, v.sum(1, keepdim=True) - n_c], 1)
         return picked * n
     raise ValueError(f"weight must be 'class' or 'one', got {weight!r}")
 
 # %% ../nbs/07_bppo.ipynb #6138130e
+def early_stop(examples: list[Example], group_size: int, min_done: int | None = None):
+    "An `on_finish` callback that cancels a group's running samples once it has a correct and an incorrect finished one"
+    need = (group_size + 1) // 2 if min_done is None else min_done
+    seen: dict[int, list] = {}
+    def on_finish(c):
+        if c.finish_reason == "cancelled": return ()
+        e = examples[c.prompt_index]
+        st = seen.setdefault(c.prompt_index, [0, False, False])
+        st[0] += 1; st[1 if score(c.text, e.answer, e.task).correct else 2] = True
+        if st[1] and st[2] and st[0] >= need: return [(c.seed, c.prompt_index * group_size + j) for j in range(group_size)]
+        return ()
+    return on_finish
+
+# %% ../nbs/07_bppo.ipynb #6288972f
 class BPPO:
     "Binary prefix selection over full-group normalization"
     name = "bppo"
@@ -74,8 +99,9 @@ class BPPO:
         "Train items (two per mixed group, prefixes only) and metrics for a scored rollout"
         a = self.cfg.algo
         G = r.rewards.shape[1]
-        sel = select_binary(r.correct, r.lengths)
-        adv = pair_advantages(r.rewards, r.correct, sel, a.class_weight)
+        lengths = r.lengths if r.valid is None else r.lengths.masked_fill(~r.valid, 2**62)  # never pick a cancelled one
+        sel = select_binary(r.correct, lengths)
+        adv = pair_advantages(r.rewards, r.correct, sel, a.class_weight, r.valid)
         n_tok = torch.tensor([[r.completions[b * G + j].n_tokens if j >= 0 else 0 for j in row.tolist()]
                               for b, row in enumerate(sel)])
         ratio = scheduled_ratio(step, self.cfg.train.steps, a.prefix_ratio, a.prefix_ratio_end)
@@ -89,3 +115,8 @@ class BPPO:
                 items.append(TrainItem(c.prompt_ids, c.completion_ids, adv[b, k].item(), int(keep[b, k])))
         return items, dict(frac_zero_std_groups=zero_signal_frac(r.rewards), selected_sequences=len(items),
                            prefix_tokens=sum(it.n_train for it in items), prefix_ratio=ratio)
+
+    def scheduler(self, examples: list[Example]):
+        "The engine's `on_finish` callback for `algo.schedule` (None for `none`)"
+        if self.cfg.algo.schedule == "none": return None
+        return early_stop(examples, self.cfg.rollout.group_size)

@@ -22,6 +22,9 @@ VARIANTS = {
     "bppo_full": ["algo.name=bppo", "algo.prefix_mode=full"],  # selection only, no prefix
     "bppo_one": ["algo.name=bppo", "algo.class_weight=one"],  # unweighted representatives
     "bppo_ratio": ["algo.name=bppo", "algo.prefix_mode=ratio"],
+    "bppo_sched": ["algo.name=bppo", "algo.schedule=early_stop"],  # + adaptive completion scheduling
+    "ppo": ["algo.name=ppo", "rollout.window=0"],  # PPO with a value model, whole responses
+    "tppo": ["algo.name=tppo", "rollout.window=32"],  # T-PPO: 32-token windows, EGAE
 }
 
 def variant_config(base: Config, name: str, seed: int, out: Path) -> Config:
@@ -47,7 +50,8 @@ def run_summary(run: Path, target: float | None = None) -> dict:
                 step_s=_med([r["wall_s"] for r in body]), rollout_s=_med([r["rollout_s"] for r in body]),
                 update_s=_med([r["update_s"] for r in body]), trained_tokens=_med([r["trained_tokens"] for r in body]),
                 generated_tokens=_med([r["generated_tokens"] for r in body]), train_wall_s=round(wall[-1], 1),
-                time_to_target_s=hit, steps=len(m))
+                time_to_target_s=hit, steps=len(m),
+                slot_utilization=_med([r["slot_utilization"] for r in body if r.get("slot_utilization") is not None]))
 
 def aggregate(rows: list[dict]) -> dict:
     "Mean and standard deviation over seeds of every numeric field"
@@ -71,7 +75,8 @@ def _plot(out: Path, runs: dict[str, list[Path]]):
             for r in m: wall.append(wall[-1] + r["wall_s"])
             lab = name if j == 0 else None
             if e: ax[0].plot([wall[r["step"]] for r in e], [r["accuracy"] for r in e], "o-", color=col, label=lab, alpha=.8)
-            ax[1].plot([r["step"] for r in m], [r["response_tokens_mean"] for r in m], color=col, label=lab, alpha=.6)
+            mm = [r for r in m if r.get("response_tokens_mean") is not None]
+            ax[1].plot([r["step"] for r in mm], [r["response_tokens_mean"] for r in mm], color=col, label=lab, alpha=.6)
             ax[2].plot([r["step"] for r in m], [r["update_s"] for r in m], color=col, label=lab, alpha=.6)
             ax[3].plot([r["step"] for r in m], [r["trained_tokens"] for r in m], color=col, label=lab, alpha=.6)
     titles = ["eval accuracy vs training wall time (s)", "response tokens vs step", "update seconds vs step", "trained tokens vs step"]
@@ -98,13 +103,13 @@ def write_report(out: Path, runs: dict[str, list[Path]], target: float | None = 
     (out / "report.json").write_text(json.dumps(rep, indent=1))
     lines = [f"# Comparison ({len(next(iter(runs.values())))} seed(s); mean ± std over seeds)", "",
              f"Target accuracy for time-to-target: {target:.3f}" if target is not None else "", "",
-             "| variant | final acc % | final greedy % | final tokens | step s | update s | trained tokens/step | time to target s | step speed-up vs " + base + " | update speed-up |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| variant | final acc % | final greedy % | final tokens | step s | update s | trained tokens/step | time to target s | slot use | step speed-up vs " + base + " | update speed-up |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for n, a in agg.items():
         sp = agg[base]["step_s"]["mean"] / a["step_s"]["mean"]; up = agg[base]["update_s"]["mean"] / a["update_s"]["mean"]
         lines.append(f"| {n} | {_fmt(a, 'final_accuracy', True)} | {_fmt(a, 'final_greedy_accuracy', True)} | "
                      f"{_fmt(a, 'final_tokens')} | {_fmt(a, 'step_s')} | {_fmt(a, 'update_s')} | {_fmt(a, 'trained_tokens')} | "
-                     f"{_fmt(a, 'time_to_target_s')} | {sp:.2f}x | {up:.2f}x |")
+                     f"{_fmt(a, 'time_to_target_s')} | {_fmt(a, 'slot_utilization')} | {sp:.2f}x | {up:.2f}x |")
     lines += ["", "![comparison](compare.png)", ""]
     (out / "report.md").write_text("\n".join(lines))
     _plot(out, runs)

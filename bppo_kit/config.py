@@ -41,7 +41,9 @@ class DataConfig:
 
 @dataclass
 class RolloutConfig:
-    engine: str = param("hf", choices=["hf", "kit", "vllm"])  # hf: transformers' generate, the baseline
+    engine: str = param("kit", choices=["hf", "kit", "vllm"])  # kit: the kit's continuous batching; hf: transformers' generate, the baseline; vllm: GPUs
+    max_slots: int = param(256, ge=1)  # kit engine: requests decoded at once (KV-cache rows)
+    window: int = param(0, ge=0)  # T-PPO: new tokens per response per step; 0 = whole responses (PPO, GRPO, BPPO)
     group_size: int = param(8, ge=1)  # completions per prompt; BPPO still samples all of them
     temperature: float = param(1.0, gt=0)  # 1.0 samples the policy itself, which is what the log-probs assume
     top_p: float = param(1.0, gt=0, le=1)  # 1.0 = no nucleus truncation
@@ -60,6 +62,16 @@ class AlgoConfig:
     prefix_ratio_end: float = param(0.5, gt=0, le=1)  # ... growing linearly to this at the last step
     prefix_tokens: int = param(64, ge=1)  # BPPO "tokens" mode: trained tokens per representative
     class_weight: str = param("class", choices=["class", "one"])  # BPPO: a representative stands for its class (x class size) or for itself
+    schedule: str = param("none", choices=["none", "early_stop"])  # BPPO: early_stop cancels a group's samples once both representatives are known
+    gamma: float = param(1.0, gt=0, le=1)  # T-PPO/PPO: discount
+    lam: float = param(0.95, ge=0, le=1)  # T-PPO/PPO: GAE lambda (the floor when lam_alpha > 0)
+    lam_alpha: float = param(0.0, ge=0)  # T-PPO: length-adaptive lambda max(lam, 1 - 1/(alpha*L)); 0 = fixed lam
+    dual_clip: float = param(10.0, ge=0)  # T-PPO/PPO: dual-clip constant for negative advantages; 0 = off
+    exclude_last: int = param(8, ge=0)  # T-PPO: last tokens of an unfinished window left out of the policy loss
+    adv_clamp: float = param(5.0, gt=0)  # T-PPO/PPO: whitened advantages clamped to +-this
+    value_lr: float = param(5e-4, gt=0)  # T-PPO/PPO: the value model's AdamW learning rate
+    value_clip_low: float = param(0.5, gt=0)  # value loss clipped to [V_old - low, V_old + high]
+    value_clip_high: float = param(0.6, gt=0)
 
 @dataclass
 class TrainConfig:
@@ -135,6 +147,9 @@ def validate(cfg: Config) -> Config:
         for f in fields(part): setattr(part, f.name, _check_value(f"{sec.name}.{f.name}", f, getattr(part, f.name)))
     if cfg.rollout.engine == "vllm" and cfg.train.device == "cpu":
         raise ConfigError("rollout.engine: vllm needs a GPU, but train.device is cpu")
+    if cfg.algo.name in ("tppo", "ppo") and cfg.train.loss_kernel != "naive":
+        raise ConfigError("train.loss_kernel: T-PPO/PPO train per-token advantages; use train.loss_kernel=naive")
+    if cfg.algo.dual_clip and cfg.algo.dual_clip <= 1: raise ConfigError(f"algo.dual_clip: must be > 1 or 0 (off), got {cfg.algo.dual_clip}")
     if cfg.train.loss_kernel != "naive" and cfg.algo.beta > 0:
         raise ConfigError("train.loss_kernel: the fused kernels take no KL term; use train.loss_kernel=naive with algo.beta > 0")
     return cfg

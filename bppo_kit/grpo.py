@@ -108,14 +108,16 @@ class Rollout:
     rewards: torch.Tensor  # [B, G]
     correct: torch.Tensor  # [B, G] bool
     lengths: torch.Tensor  # [B, G] response tokens (EOS not counted)
+    valid: torch.Tensor | None = None  # [B, G] bool: False for completions cancelled by a scheduler (no reward known)
 
 def score_rollout(examples: list[Example], completions: list[Completion], group_size: int, eos_id) -> Rollout:
-    "Grade every completion of a step"
+    "Grade every completion of a step (a cancelled one scores 0 and is marked invalid)"
     sc = grade(examples, completions)
     shape = (len(examples), group_size)
-    return Rollout(examples, completions, torch.tensor([s.reward for s in sc]).view(shape),
-                   torch.tensor([s.correct for s in sc]).view(shape),
-                   torch.tensor([response_tokens(c, eos_id) for c in completions]).view(shape))
+    valid = torch.tensor([c.finish_reason != "cancelled" for c in completions]).view(shape)
+    return Rollout(examples, completions, torch.tensor([s.reward for s in sc]).view(shape) * valid,
+                   torch.tensor([s.correct for s in sc]).view(shape) & valid,
+                   torch.tensor([response_tokens(c, eos_id) for c in completions]).view(shape), valid)
 
 # %% ../nbs/05_grpo.ipynb #8f966745
 @dataclass
@@ -124,6 +126,8 @@ class TrainItem:
     completion_ids: list[int]
     advantage: float
     n_train: int  # the first n_train completion tokens carry loss
+    start: int = 0  # ... from this one on (T-PPO trains only the tokens of the latest window)
+    token_adv: list[float] | None = None  # per-token advantages for tokens start…n_train-1 (T-PPO); None = `advantage` everywhere
 
 # %% ../nbs/05_grpo.ipynb #81cba341
 class GRPO:

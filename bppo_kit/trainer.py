@@ -15,13 +15,16 @@ from .config import Config, ConfigError, save_config
 from .data import Example, load_synthetic_eval, load_task, style_of, synthetic_example, synthetic_stream
 from .evaluate import eval_examples, evaluate
 from .bppo import BPPO
+from .egae import dual_clip_surrogate
 from .grpo import GRPO, Rollout, TrainItem, clipped_surrogate, entropy_from_logits, k3_kl, score_rollout, token_weights
 from .policy import load_policy, pack, token_logprobs
-from .rollout import HFEngine, SamplingParams
+from .rollout import HFEngine, KitEngine, SamplingParams
+from .batching import TPPO
 
 # %% auto #0
-__all__ = ['ALGORITHMS', 'PromptSource', 'forward_logprobs', 'kernel_loss', 'update', 'save_checkpoint', 'load_trainer_state',
-           'truncate_metrics', 'rollout_metrics', 'train', 'read_jsonl_rows', 'plot_run']
+__all__ = ['ALGORITHMS', 'PromptSource', 'make_algorithm', 'make_engine', 'forward_logprobs', 'kernel_loss', 'update',
+           'save_checkpoint', 'load_trainer_state', 'truncate_metrics', 'rollout_metrics', 'train', 'read_jsonl_rows',
+           'plot_run']
 
 # %% ../nbs/11_trainer.ipynb #522b7114
 class PromptSource:
@@ -43,7 +46,22 @@ class PromptSource:
         return [self.examples[i] for i in order[k * self.n:(k + 1) * self.n]]
 
 # %% ../nbs/11_trainer.ipynb #1d3aa80c
-ALGORITHMS = {"grpo": GRPO, "bppo": BPPO}
+ALGORITHMS = {"grpo": GRPO, "bppo": BPPO, "tppo": TPPO, "ppo": TPPO}
+
+def make_algorithm(cfg: Config, model):
+    "The algorithm object `cfg.algo.name` names (T-PPO and PPO also build their value model from `model`)"
+    cls = ALGORITHMS[cfg.algo.name]
+    return cls(cfg, model) if cls is TPPO else cls(cfg)
+
+def make_engine(cfg: Config, model, tok, progress: bool = False):
+    "The rollout engine `cfg.rollout.engine` names, over `model`"
+    r = cfg.rollout
+    if r.engine == "hf": return HFEngine(model, tok, progress=progress)
+    if r.engine == "kit": return KitEngine(model, tok, max_slots=r.max_slots, progress=progress)
+    import bppo_kit.rollout as ro
+    if not hasattr(ro, "VLLMEngine"): raise ConfigError("rollout.engine: this bppo_kit has no VLLMEngine; use rollout.engine=kit")
+    from bppo_kit.policy import resolve_policy_path
+    return ro.VLLMEngine(model, tok, resolve_policy_path(cfg.model.name_or_path))
 
 # %% ../nbs/11_trainer.ipynb #ec15c6ed
 def forward_logprobs(model, batch: dict, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -69,7 +87,7 @@ def kernel_loss(model, b: dict, m: torch.Tensor, adv: torch.Tensor, w: torch.Ten
     if old is None:
         with torch.no_grad(): old = prefix_policy_loss(hf.detach(), W.detach(), tgt, torch.zeros_like(mf, dtype=torch.float32),
                                                        torch.zeros_like(mf, dtype=torch.float32), mf, **kw)[1]["logp"].view_as(m)
-    A = (adv[:, None] * w * m.sum()).reshape(-1)  # the reduction's weights, folded into the advantages
+    A = (adv * w * m.sum()).reshape(-1)  # the reduction's weights, folded into the (per-token) advantages
     loss, st = prefix_policy_loss(hf, W, tgt, old.reshape(-1).float(), A, mf, cfg.algo.eps_low, cfg.algo.eps_high, **kw)
     return loss, st["clipped"].view_as(m)
 
@@ -80,9 +98,9 @@ def update(model, opt, items: list[TrainItem], cfg: Config, pad_id: int, ref_mod
     dev = next(model.parameters()).device
     T = cfg.rollout.temperature
     kl_on = ref_model is not None and a.beta > 0
-    live = [it for it in items if it.n_train > 0 and (it.advantage != 0.0 or kl_on)]  # zero advantage, zero gradient (without KL)
-    n_tokens = sum(it.n_train for it in items)
-    n_seqs = sum(it.n_train > 0 for it in items)
+    live = [it for it in items if it.n_train > it.start and (it.advantage != 0.0 or it.token_adv is not None or kl_on)]  # zero advantage, zero gradient (without KL)
+    n_tokens = sum(max(0, it.n_train - it.start) for it in items)
+    n_seqs = sum(it.n_train > it.start for it in items)
     mets = dict(trained_tokens=0, clip_frac=0.0, kl=0.0, entropy=0.0, grad_norm=0.0, skipped=0, loss=0.0)
     if not live: return mets
     mbs = [live[i:i + t.micro_batch] for i in range(0, len(live), t.micro_batch)]
@@ -90,8 +108,11 @@ def update(model, opt, items: list[TrainItem], cfg: Config, pad_id: int, ref_mod
         b = pack([it.prompt_ids for it in mb], [it.completion_ids for it in mb], pad_id, dev)
         C = b["input_ids"].shape[1] - b["prompt_len"]
         m = torch.zeros(len(mb), C, dtype=torch.bool, device=dev)
-        for j, it in enumerate(mb): m[j, :it.n_train] = True
-        return b, m, torch.tensor([it.advantage for it in mb], device=dev)
+        adv = torch.tensor([it.advantage for it in mb], device=dev)[:, None].expand(len(mb), C).clone()
+        for j, it in enumerate(mb):
+            m[j, it.start:it.n_train] = True
+            if it.token_adv is not None: adv[j, it.start:it.n_train] = torch.tensor(it.token_adv, device=dev)
+        return b, m, adv
     old = None
     if t.mu > 1:
         with torch.no_grad(): old = [forward_logprobs(model, batch_of(mb)[0], T)[0] for mb in mbs]
@@ -108,7 +129,8 @@ def update(model, opt, items: list[TrainItem], cfg: Config, pad_id: int, ref_mod
             if t.loss_kernel == "naive":
                 lp, ent = forward_logprobs(model, b, T)
                 o = old[k] if old is not None else lp.detach()
-                tl, clipped = clipped_surrogate(lp, o, adv[:, None], a.eps_low, a.eps_high)
+                if a.name in ("tppo", "ppo") and a.dual_clip: tl, clipped = dual_clip_surrogate(lp, o, adv, a.eps_low, a.eps_high, a.dual_clip)
+                else: tl, clipped = clipped_surrogate(lp, o, adv, a.eps_low, a.eps_high)
                 kl = k3_kl(lp, ref[k]) if ref is not None else torch.zeros_like(lp)
                 loss = ((tl + a.beta * kl) * w).sum()
                 kl, ent = kl.detach(), (ent * m).sum().item()
@@ -140,12 +162,12 @@ def _set_rng_state(s: dict):
     n = s["numpy"]; np.random.set_state((n[0], np.array(n[1], dtype=np.uint32), n[2], n[3], n[4]))
     torch.set_rng_state(s["torch"])
 
-def save_checkpoint(run_dir: Path, model, tok, opt, step: int) -> Path:
-    "Atomically write `run_dir/checkpoint` for the state after `step` steps"
+def save_checkpoint(run_dir: Path, model, tok, opt, step: int, algo_state: dict | None = None) -> Path:
+    "Atomically write `run_dir/checkpoint` for the state after `step` steps (with the algorithm's own state, if any)"
     final, tmp = Path(run_dir) / "checkpoint", Path(run_dir) / "checkpoint.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp); tok.save_pretrained(tmp)
-    torch.save(dict(step=step, optimizer=opt.state_dict(), rng=_rng_state()), tmp / "trainer_state.pt")
+    torch.save(dict(step=step, optimizer=opt.state_dict(), rng=_rng_state(), algo=algo_state), tmp / "trainer_state.pt")
     old = Path(run_dir) / "checkpoint.old"
     shutil.rmtree(old, ignore_errors=True)
     if final.exists(): final.rename(old)
@@ -166,14 +188,15 @@ def truncate_metrics(path: Path, keep_below: int):
 
 def rollout_metrics(r: Rollout) -> dict:
     "Reward, accuracy and length statistics of a scored rollout"
-    ok, n = r.correct.flatten(), r.lengths.flatten().float()
+    live = r.valid.flatten() if r.valid is not None else torch.ones(r.rewards.numel(), dtype=torch.bool)  # not cancelled
+    ok, n, rw = r.correct.flatten()[live], r.lengths.flatten().float()[live], r.rewards.flatten()[live]
     mean = lambda x: x.float().mean().item() if x.numel() else None
-    out = dict(reward_mean=r.rewards.mean().item(), reward_std=r.rewards.std(unbiased=False).item(),
-               accuracy=ok.float().mean().item(), response_tokens_mean=mean(n),
+    out = dict(reward_mean=mean(rw), reward_std=rw.std(unbiased=False).item() if rw.numel() else None,
+               accuracy=mean(ok), response_tokens_mean=mean(n),
                response_tokens_correct=mean(n[ok]), response_tokens_incorrect=mean(n[~ok]),
-               generated_tokens=sum(c.n_tokens for c in r.completions))
+               generated_tokens=sum(c.n_tokens for c in r.completions), cancelled_frac=1 - mean(live))
     if all(e.task == "synthetic" for e in r.examples):  # the synthetic task's two styles, by its own rule
-        v = torch.tensor([style_of(c.text) == "verbose" for c in r.completions])
+        v = torch.tensor([style_of(c.text) == "verbose" for c, l in zip(r.completions, live.tolist()) if l], dtype=torch.bool)
         out.update(verbose_frac=mean(v), accuracy_verbose=mean(ok[v]), accuracy_concise=mean(ok[~v]))
     return out
 
@@ -181,9 +204,9 @@ def rollout_metrics(r: Rollout) -> dict:
 def _device(cfg: Config) -> str:
     return ("cuda" if torch.cuda.is_available() else "cpu") if cfg.train.device == "auto" else cfg.train.device
 
-def _eval(model, tok, cfg, examples, step, progress=False) -> dict:
+def _eval(model, tok, cfg, examples, step, progress=False, engine=None) -> dict:
     r = cfg.rollout
-    res = evaluate(model, tok, examples, samples=cfg.rollout.group_size, progress=progress,
+    res = evaluate(model, tok, examples, samples=cfg.rollout.group_size, progress=progress, engine=engine,
                    sampling=SamplingParams(r.temperature, r.top_p, r.top_k, r.max_new_tokens, seed=cfg.train.seed + 7,
                                            logprobs=False))
     return dict(step=step, **res)
@@ -211,8 +234,6 @@ def train(cfg: Config, # the validated config
     t = cfg.train
     if cfg.algo.name not in ALGORITHMS:
         raise ConfigError(f"algo.name: {cfg.algo.name!r} is not implemented yet; available: {', '.join(ALGORITHMS)}")
-    if cfg.rollout.engine != "hf":
-        raise ConfigError(f"rollout.engine: {cfg.rollout.engine!r} is not implemented yet; use rollout.engine=hf")
     run = Path(t.out)
     ckpt, metrics_path, eval_path = run / "checkpoint", run / "metrics.jsonl", run / "eval.jsonl"
     if resume and not ckpt.exists() and (run / "checkpoint.old").exists(): (run / "checkpoint.old").rename(ckpt)  # killed mid-swap
@@ -239,15 +260,17 @@ def train(cfg: Config, # the validated config
     opt = torch.optim.AdamW(model.parameters(), lr=t.lr, betas=(0.9, 0.99), weight_decay=0.0)
     if state is not None: opt.load_state_dict(state["optimizer"]); _set_rng_state(state["rng"])
     ref = load_policy(cfg.model.name_or_path, cfg.model.dtype, dev)[0] if cfg.algo.beta > 0 else None
-    algo = ALGORITHMS[cfg.algo.name](cfg)
-    engine = HFEngine(model, tok)
+    algo = make_algorithm(cfg, model)
+    if state is not None and state.get("algo") is not None: algo.load_state_dict(state["algo"])
+    engine = make_engine(cfg, model, tok)
+    algo_state = (lambda: algo.state_dict()) if hasattr(algo, "state_dict") else (lambda: None)
     prompts = PromptSource(cfg)
     truncate_metrics(metrics_path, start); truncate_metrics(eval_path, start + 1 if start else 0)
     eval_set = eval_examples(cfg)
     end = t.steps if stop_after is None else min(t.steps, start + stop_after)
     evals = read_jsonl_rows(eval_path)
     def log_eval(step):
-        evals.append(_eval(model, tok, cfg, eval_set, step, progress))
+        evals.append(_eval(model, tok, cfg, eval_set, step, progress, engine))
         with open(eval_path, "a") as f: f.write(json.dumps(evals[-1]) + "\n")
         if on_log: on_log("eval", evals[-1])
     if evaluate_every and start == 0 and not evals: log_eval(0)
@@ -259,33 +282,43 @@ def train(cfg: Config, # the validated config
             t0 = time.time()
             for g in opt.param_groups: g["lr"] = t.lr * min(1.0, (step + 1) / t.warmup_steps) if t.warmup_steps else t.lr
             # rollout
-            ex = prompts(step)
             r = cfg.rollout
-            cs = engine.generate([e.prompt for e in ex], r.group_size, SamplingParams(
-                r.temperature, r.top_p, r.top_k, r.max_new_tokens, seed=t.seed * 1_000_003 + step, logprobs=False))
-            t1 = time.time()
-            # reward
-            ro = score_rollout(ex, cs, r.group_size, tok.eos_token_id)
-            t2 = time.time()
-            # advantages: the algorithm picks sequences and tokens
-            items, am = algo.prepare(ro, step)
+            sp = SamplingParams(r.temperature, r.top_p, r.top_k, r.max_new_tokens, seed=t.seed * 1_000_003 + step, logprobs=False)
+            if isinstance(algo, TPPO):  # T-PPO / PPO: one window for a full batch from the sample pool, graded inside
+                items, rm = algo.collect(step, engine, prompts, tok, sp)
+                t1 = t2 = time.time(); am = {}
+            else:
+                ex = prompts(step)
+                sched = algo.scheduler(ex) if hasattr(algo, "scheduler") else None  # BPPO's adaptive completion scheduling
+                if sched is not None and not isinstance(engine, KitEngine):
+                    raise ConfigError("algo.schedule: early_stop cancels requests mid-generation; use rollout.engine=kit")
+                cs = engine.generate([e.prompt for e in ex], r.group_size, sp, **({"on_finish": sched} if sched else {}))
+                t1 = time.time()
+                # reward
+                ro = score_rollout(ex, cs, r.group_size, tok.eos_token_id)
+                rm = rollout_metrics(ro)
+                t2 = time.time()
+                # advantages: the algorithm picks sequences and tokens
+                items, am = algo.prepare(ro, step)
             # update
             um = update(model, opt, items, cfg, tok.pad_token_id, ref)
+            if isinstance(algo, TPPO): um.update(algo.after_update(tok.pad_token_id))
+            if hasattr(engine, "sync_weights"): engine.sync_weights(model)  # vLLM holds its own copy of the weights
             t3 = time.time()
             # log
             row = dict(step=step, wall_s=round(t3 - t0, 4), rollout_s=round(t1 - t0, 4), reward_s=round(t2 - t1, 4),
-                       update_s=round(t3 - t2, 4), lr=opt.param_groups[0]["lr"], **rollout_metrics(ro), **am, **um)
+                       update_s=round(t3 - t2, 4), lr=opt.param_groups[0]["lr"], **rm, **am, **um)
             with open(metrics_path, "a") as f: f.write(json.dumps(row) + "\n")
             done = step + 1
             if on_log: on_log("step", row)
-            bar.set_postfix(acc=f"{row['accuracy']:.2f}", len=f"{row['response_tokens_mean']:.0f}")
+            if row.get("accuracy") is not None: bar.set_postfix(acc=f"{row['accuracy']:.2f}", len=f"{row['response_tokens_mean']:.0f}")
             # evaluate and checkpoint
             if evaluate_every and t.eval_every and done % t.eval_every == 0 and done < t.steps: log_eval(done)
-            if (t.save_every and done % t.save_every == 0) or flag["stop"]: save_checkpoint(run, model, tok, opt, done)
+            if (t.save_every and done % t.save_every == 0) or flag["stop"]: save_checkpoint(run, model, tok, opt, done, algo_state())
             if flag["stop"]: raise KeyboardInterrupt
             if stop_event is not None and stop_event.is_set(): break  # checkpointed below, like a finished run
     finally: restore()  # a second Ctrl-C leaves mid-step without saving: the weights may hold part of a step
-    if done > start or not ckpt.exists(): save_checkpoint(run, model, tok, opt, done)
+    if done > start or not ckpt.exists(): save_checkpoint(run, model, tok, opt, done, algo_state())
     if evaluate_every and done == t.steps and not any(e["step"] == done for e in evals): log_eval(done)  # also after a crash in it
     return dict(run_dir=str(run), steps=done, seconds=round(time.time() - t_run, 1),
                 first_eval=evals[0] if evals else None, last_eval=evals[-1] if evals else None)
@@ -305,6 +338,7 @@ def plot_run(run_dirs, # one run folder or a list of them (overlaid)
     for run in runs:
         m, e = read_jsonl_rows(run / "metrics.jsonl"), read_jsonl_rows(run / "eval.jsonl")
         if not m: raise FileNotFoundError(f"no metrics.jsonl in {run}")
+        m = [r for r in m if r.get("accuracy") is not None]  # a T-PPO step may finish no response
         st = [r["step"] for r in m]
         l, = ax[0].plot(st, [r["accuracy"] for r in m], alpha=0.35, label=f"{run.name} (batch)")
         if e: ax[0].plot([r["step"] for r in e], [r["accuracy"] for r in e], "o-", color=l.get_color(), label=f"{run.name} (eval)")
