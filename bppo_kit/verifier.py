@@ -83,7 +83,7 @@ def last_boxed(text: str) -> str | None:
 _HASH = re.compile(r"####[ \t]*([^\n]{0,300})")
 _PHRASE = re.compile(r"(?im)(?:\b(?:the|my)\s+(?:final\s+)?answer\s+is\b\s*:?|\bfinal\s+answer\s*(?:is\b|:)\s*:?"
                      r"|^[ \t*#]*(?:\\text(?:bf)?\{\s*)?answer\s*[:=])[ \t*]*([^\n]{0,300})")  # "check our answer: ..." is not one
-_SPAN = re.compile(r"\$\$(.{1,1000}?)\$\$|\$(.{1,1000}?)\$|\\\((.{1,1000}?)\\\)|\\\[(.{1,1000}?)\\\]", re.DOTALL)
+_SPAN = re.compile(r"(?<!\\)\$\$(.{1,1000}?)(?<!\\)\$\$|(?<!\\)\$(.{1,1000}?)(?<!\\)\$|\\\((.{1,1000}?)\\\)|\\\[(.{1,1000}?)\\\]", re.DOTALL)
 _NUMBER = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?(?!\d)|-?\d+(?:\.\d+)?(?:/\d+)?|-?\.\d+")
 _CALC = re.compile(r"<<[^<>\n]{0,200}>>")
 _COMMAND_OR_TEXT = re.compile(r"\\(?:text|textbf|mathrm|mbox|begin|end)\s*\{[^{}]{0,100}\}|\\[A-Za-z]+")
@@ -378,6 +378,7 @@ def answer_forms(s: str, other: str) -> list[str]:
     n, o = normalize_answer(s), normalize_answer(other)
     forms = [n]
     if "=" in n and "=" not in o and len(n) < 300:
+        if m := _ASSIGN.fullmatch(n): forms.append(m.group(1).strip())  # x = 10,080: one value, commas and all
         parts = _split_top(n)
         rhs = [_ASSIGN.fullmatch(p) or _ASSIGN_R.fullmatch(p) for p in parts]
         if all(rhs): forms.append(", ".join(m.group(1).strip() for m in rhs))
@@ -385,8 +386,8 @@ def answer_forms(s: str, other: str) -> list[str]:
     m = _COLUMN.fullmatch(n)
     if m and o.startswith("("): forms.append("(" + ", ".join(x.strip() for x in m.group(1).split("\\\\")) + ")")
     if "\\pm" not in o and "\\mp" not in o:  # 1 \pm \sqrt2 is two answers: 1+\sqrt2, 1-\sqrt2
-        forms += [e for e in map(_expand_pm, forms) if e not in forms]
-    return forms
+        forms += list(map(_expand_pm, forms))
+    return list(dict.fromkeys(forms))
 
 def _terminating(q: Fraction) -> bool:
     d = q.denominator
@@ -400,7 +401,7 @@ def numbers_equal(a: str, b: str) -> bool | None:
     if x is None or y is None: return None
     if x == y: return True
     pa, pb = a.rstrip().endswith("%"), b.rstrip().endswith("%")
-    if (pa and x * 100 == y) or (pb and y * 100 == x): return True
+    if pa != pb and ((pa and x * 100 == y) or (pb and y * 100 == x)): return True  # 50% vs 50; but 25% is not 0.25%
     decimal = lambda s: "." in s and "/" not in s and "frac" not in s and "overline" not in s and "bar" not in s
     if (decimal(a) and not _terminating(y)) or (decimal(b) and not _terminating(x)): return None  # rounding question
     return False
@@ -467,7 +468,7 @@ def _imaginary(s: str) -> str:
     if "i" not in letters or letters - {"i", "e"}: return s
     return re.sub(r"(?<![\\A-Za-z])i(?![A-Za-z])", "(I)", s)  # in parentheses: the parser drops the power of a bare I^2
 
-_DECIMAL = re.compile(r"(?<![\d.])(\d{1,15})\.(\d{1,15})(?![\d.])")
+_DECIMAL = re.compile(r"(?<![\d.])(\d{0,15})\.(\d{1,15})(?![\d.])")  # 2.5 and .5
 
 def _exact(s: str) -> str:
     "`s` with each decimal inside an expression written as a fraction, so that `\\sqrt{2.5}` is exactly `\\sqrt{10}/2`"
@@ -1362,4 +1363,49 @@ MORE_CASES = [  # (gold, prediction, correct?): written after the code, each rou
     ("[1, 3]", "[1, 3) \\cup \\{3\\}", True), ("(0, 2)", "(0, 2) \\cup (2, 3)", False),
     ("x = 2", "x = 2, x = 3", False),
     ("\\{1, 2\\}", "\\{1, 2, 3\\}", False), ("(1, 2, 3)", "(1, 3, 2)", False), ("2 + i", "2 - i", False),
+    # near misses, every category
+    ("1,234", "1,243", False), ("1234", "123", False), ("-12", "12", False), ("012", "120", False),
+    ("10", "1 0", False),
+    ("2.50", "2.05", False), ("0.1", "0.10001", False), ("1.5", "15", False), ("0.05", "0.5", False),
+    ("3.0", "3.01", False),
+    ("25\\%", "0.25\\%", False), ("25\\%", "2.5", False), ("\\frac{3}{4}", "\\frac{4}{3}", False),
+    ("\\frac{3}{4}", "0.7", False),
+    ("2\\frac{1}{2}", "2", False), ("2\\frac{1}{2}", "\\frac{1}{2}", False), ("2 1/2", "21/2", False),
+    ("\\frac{1}{2}", "\\frac{1}{2}x", False),
+    ("\\sqrt{12}", "2\\sqrt{2}", False), ("\\sqrt{12}", "12", False), ("3\\sqrt{2}", "2\\sqrt{3}", False),
+    ("\\sqrt[3]{2}", "\\sqrt{2}", False),
+    ("\\pi", "2\\pi", False), ("\\pi", "\\frac{22}{7}", False), ("\\pi r^2", "2\\pi r", False),
+    ("6.02\\times10^{23}", "6.02\\times10^{-23}", False),
+    ("1.5\\times10^3", "150", False), ("4 \\text{ cm}", "40", False), ("\\$4.50", "\\$45", False),
+    ("90^\\circ", "9", False),
+    ("\\text{(C)}", "\\text{(A)}", False), ("C", "\\textbf{(B)}", False), ("(C)", "Option B", False),
+    ("[0, \\infty)", "(0, \\infty)", False), ("(0, \\infty)", "(-\\infty, 0)", False), ("(-1, 1)", "[-1, 1)", False),
+    ("(-\\infty, 1] \\cup [2, \\infty)", "(-\\infty, 1) \\cup [2, \\infty)", False), ("(1, 5)", "x > 1", False),
+    ("x \\ge 2", "x > 2", False),
+    ("\\{1, 2\\}", "\\{1\\}", False), ("1, 2", "1, -2", False), ("\\pm 2", "2", False), ("\\pm 2", "-2", False),
+    ("x = \\pm 1", "x = 1", False),
+    ("(1, 2)", "(1, 2, 3)", False), ("(1, 2)", "(-1, 2)", False), ("(a, b)", "(b, a)", False),
+    ("\\begin{pmatrix} 1 & 0 \\\\ 0 & 1 \\end{pmatrix}", "\\begin{pmatrix} 0 & 1 \\\\ 1 & 0 \\end{pmatrix}", False),
+    ("\\begin{pmatrix} 3 \\\\ 4 \\end{pmatrix}", "(4, 3)", False), ("y = x", "y = -x", False),
+    ("y = 2x + 1", "2x + 2", False),
+    ("x^2 + 2x + 1", "(x+1)^3", False), ("2x", "x^2", False), ("\\frac{x}{y}", "\\frac{y}{x}", False),
+    ("e^x", "e^{-x}", False),
+    ("\\sin x", "-\\sin x", False), ("\\log_2 8", "4", False), ("\\ln 2", "2", False), ("\\infty", "-\\infty", False),
+    ("1 + i", "1", False), ("i", "1", False), ("i", "-1", False), ("2i", "2", False), ("101_2", "101_3", False),
+    ("101_2", "6", False),
+    ("025", "52", False), ("025", "26", False), ("0", "O", False), ("1", "l", False), ("x", "y", False),
+    ("\\text{yes}", "\\text{no}", False), ("\\text{Monday}", "\\text{Tuesday}", False), ("2", "two hundred", False),
+    ("20", "two", False),
+    ("1000000", "1 billion", False), ("1.5", "1.5 million", False), ("5", "5 million", False), ("2ab", "2a", False),
+    ("3xy", "3x", False),
+    # whole-response near misses
+    ("7", "The answer is 7.5", False), ("7", "\\boxed{17}", False), ("7", "#### 77", False),
+    ("7", "The answer is -7.", False),
+    ("7", "It is not 7; the answer is \\boxed{8}.", False), ("7", "\\boxed{7} \\boxed{8}", False),
+    ("7", "x = 7 \\text{ or } x = 8", False),
+    ("7", "#### 7\nThe answer is 8", False), ("(1,2)", "\\boxed{(1,2,3)}", False), ("12", "12.5", False),
+    (".0000672", "x = .0000673", False),
+    # found by a sweep over MATH500 answers in wrappers (true ones)
+    ("10,\\!080", "x = 10,\\!080", True),
+    ("\\$32,\\!348", "The final answer is $\\$32,\\!348$. I hope it is correct.", True),
 ]
