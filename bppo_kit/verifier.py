@@ -242,6 +242,15 @@ def _inequality_union(s: str) -> str:
     if len(parts) < 2 or None in parts or len({v for v, _ in parts}) != 1: return s
     return " \\cup ".join(i for _, i in parts)
 
+def _approx(s: str) -> str:
+    "`s` without its approximation: `x \\approx 3.14` and `\\approx 3.14` give 3.14, `\\sqrt2 \\approx 1.414` gives the exact `\\sqrt2`"
+    s = re.sub(r"^\s*\\approx(?![A-Za-z])\s*", "", s)
+    m = re.fullmatch(r"(.+?)\s*\\approx(?![A-Za-z])\s*([^=]+)", s)
+    if not m: return s
+    return m.group(2) if re.fullmatch(r"[A-Za-z](?:_\{?\w{1,3}\}?)?", m.group(1).strip()) else m.group(1)
+
+_SET_BUILDER = re.compile(r"\\\{\s*([A-Za-z])\s*(?:\\mid|\||:)\s*([^{}]*?(?:<|>|\\le|\\ge|\\ne|\\lt|\\gt)[^{}]*?)\s*\\\}")
+
 def normalize_answer(s: str) -> str:
     "`s` as a grader reads it: delimiters, spacing, units, `\\text{}`, degrees, currency and choice letters stripped"
     if not isinstance(s, str): return ""
@@ -266,7 +275,7 @@ def normalize_answer(s: str) -> str:
         if "\\" + cmd in s: s = _unwrap(s, cmd)
     s = s.replace("\\%", "%").replace("\\$", "").replace("$", "").replace("\\textdollar", "")
     if "\\varnothing" in s: s = re.sub(r"\\varnothing(?![A-Za-z])", r"\\emptyset", s)
-    if "\\approx" in s: s = re.sub(r"\\approx(?![A-Za-z])", "=", re.sub(r"^\s*\\approx\s*", "", s))  # x \approx 3.14: the value is the answer
+    if "\\approx" in s: s = _approx(s)
     s = re.sub(r"\s*,?\s+(?:or|and)\s+", ", ", s)  # 1, 2, and 3
     s = re.sub(r"(?<![A-Za-z])\\?sqrt\s*\(([^()]{1,100})\)", r"\\sqrt{\1}", s)  # sqrt(2) -> \sqrt{2}
     s = re.sub(r"(?<![\\A-Za-z])(sqrt|pi|infty)(?![A-Za-z])", r"\\\1", s)
@@ -289,6 +298,8 @@ def normalize_answer(s: str) -> str:
     if m: s = f"{m.group(1)}_{m.group(2)}"
     s = re.sub(r"^[A-Za-z]\s*\\in\s*", "", s)  # x \in [1,2] -> [1,2]
     if re.fullmatch(r"\{[^{}]*\}", s): s = s[1:-1]
+    if "\\{" in s and (m := _SET_BUILDER.fullmatch(s)): s = m.group(2)  # {x | x > 2}: the condition
+    if re.fullmatch(r"(?:the set of )?all real(?: numbers)?|every real number", s, re.I): s = "\\mathbb{R}"
     if s[:1] in "aAtTeEnN" and " " in s:
         if (m := re.fullmatch(r"(?:a|an|the)\s+([A-Za-z]{3,}(?: [A-Za-z\-]+){0,3})", s, re.I)): s = m.group(1)  # a square
         if re.fullmatch(r"(?:the\s+)?(?:empty|null)\s+set", s, re.I): s = "\\emptyset"
@@ -1408,4 +1419,24 @@ MORE_CASES = [  # (gold, prediction, correct?): written after the code, each rou
     # found by a sweep over MATH500 answers in wrappers (true ones)
     ("10,\\!080", "x = 10,\\!080", True),
     ("\\$32,\\!348", "The final answer is $\\$32,\\!348$. I hope it is correct.", True),
+    ("\\frac{9}{2}", "\\boxed{\\dfrac{9}{2}\\text{ cm}^2}", True), ("\\frac12", "\\frac 1 2", True),
+    ("\\frac12", "\\cfrac{1}{2}", True),
+    ("\\frac12", "x = 1/2", True), ("(-\\infty, \\infty)", "\\text{all real numbers}", True),
+    ("(-\\infty,\\infty)", "x \\in \\mathbb{R}", True),
+    ("(2, \\infty)", "\\{x \\mid x > 2\\}", True), ("(2, \\infty)", "\\{x \\mid x \\geq 2\\}", False),
+    ("0.001", "1.0e-3", True),
+    ("-5", "$-5$", True), ("(1, 2)", "\\mathbf{v} = (1,2)", True), ("2x+1", "f^{-1}(x) = 2x+1", True),
+    ("x^2-1", "p(x) = x^2 - 1", True),
+    ("\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}", "\\left[\\begin{matrix} 1 & 2 \\\\ 3 & 4 \\end{matrix}\\right]", True),
+    ("\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}", "\\begin{pmatrix}  1 &  2 \\\\  3 &  4 \\\\ \\end{pmatrix}", True),
+    ("\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}", "\\begin{pmatrix} 1 & 2 \\end{pmatrix}", False),
+    ("5", "\\text{five}", True), ("\\text{five}", "5", True), ("12", "a dozen", False), ("3.5", "3\\tfrac12", True),
+    ("100", "10^2", True),
+    ("\\frac{1}{4}", "\\frac{1}{2^2}", True), ("\\frac{1}{4}", "2^{-2}", True), ("4", "\\sqrt{16}", True),
+    ("4", "\\pm\\sqrt{16}", False),
+    ("\\sqrt{2}", "\\sqrt{2}\\approx 1.414", True), ("8", "2^3 = 8", True),
+    ("\\$2.50", "2 dollars and 50 cents", False),
+    ("1, 2", "\\{1, 2\\}", True), ("\\text{(A), (C)}", "A, C", True),
+    ("24", "\\boxed{24}.", True), ("24", "\\boxed{24} \\text{ ways}", True), ("24", "$\\boxed{4!}$", True),
+    ("-\\frac{2}{3}", "\\boxed{-\\frac23}", True),
 ]
