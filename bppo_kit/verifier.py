@@ -417,6 +417,12 @@ def numbers_equal(a: str, b: str) -> bool | None:
     if (decimal(a) and not _terminating(y)) or (decimal(b) and not _terminating(x)): return None  # rounding question
     return False
 
+def _shape(f: str) -> str | None:
+    "'set' for an explicit set of plain values `\\{1, 2\\}`, 'tuple' for `(1, 2)` / `[1, 2]`, else None"
+    if f.startswith("\\{") and f.endswith("\\}") and "(" not in f and "[" not in f: return "set"
+    if f[:1] in "([" and f[-1:] in ")]" and "," in f and "\\cup" not in f: return "tuple"
+    return None
+
 def quick_equal(pred: str, gold: str) -> bool | None:
     "Fast verdict on `pred` vs `gold`: True, False, or None when symbolic equivalence must decide"
     if not isinstance(pred, str) or not isinstance(gold, str): return False
@@ -425,6 +431,7 @@ def quick_equal(pred: str, gold: str) -> bool | None:
     if not ps[0] or not gs[0]: return False
     if any(_key(p) == _key(g) for p in ps for g in gs): return True
     if _BASE.fullmatch(ps[0]) and _BASE.fullmatch(gs[0]): return False  # 52_8 vs 52_9, or 41_8 vs 52_7: not the same
+    if {_shape(ps[0]), _shape(gs[0])} == {"set", "tuple"}: return False  # the point (1, 2) is not the set {1, 2}
     verdicts = [numbers_equal(p, g) for p in ps for g in gs]
     if True in verdicts: return True
     if None not in verdicts: return False
@@ -1439,4 +1446,7 @@ MORE_CASES = [  # (gold, prediction, correct?): written after the code, each rou
     ("1, 2", "\\{1, 2\\}", True), ("\\text{(A), (C)}", "A, C", True),
     ("24", "\\boxed{24}.", True), ("24", "\\boxed{24} \\text{ ways}", True), ("24", "$\\boxed{4!}$", True),
     ("-\\frac{2}{3}", "\\boxed{-\\frac23}", True),
+    # ordered tuples are not sets
+    ("(1, 2)", "\\{1, 2\\}", False), ("\\{1, 2\\}", "(2, 1)", False), ("[1, 2]", "\\{1, 2\\}", False),
+    ("\\{3, 5\\}", "\\{5, 3\\}", True),
 ]
