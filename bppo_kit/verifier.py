@@ -44,10 +44,13 @@ MAX_CHARS = 20_000  # answers sit at the end: longer responses are graded on the
 MAX_ANSWER = 1_000  # an extracted answer longer than this is compared as a string only, never parsed
 _INVISIBLE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u00ad\u061c\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]")
 
+_SPECIAL = re.compile(r"<\|[A-Za-z_]{1,30}\|>|</?s>|<eos>|<pad>")  # special tokens left in by decoding: <|im_end|>, </s>
+
 def clean_text(text) -> str:
-    "`text` ready to scan: non-strings become '', the last `MAX_CHARS` characters kept, control/zero-width/bidi characters dropped"
+    "`text` ready to scan: non-strings become '', the last `MAX_CHARS` characters kept, control/zero-width/bidi characters and special tokens dropped"
     if not isinstance(text, str): return ""
-    return _INVISIBLE.sub("", text[-MAX_CHARS:])
+    text = _INVISIBLE.sub("", text[-MAX_CHARS:])
+    return _SPECIAL.sub(" ", text) if "<" in text else text
 
 # %% ../nbs/01_verifier.ipynb #5e9313d1
 _BRACE = re.compile(r"(?<!\\)[{}]")  # escaped \{ \} are set braces, not grouping
@@ -1449,4 +1452,8 @@ MORE_CASES = [  # (gold, prediction, correct?): written after the code, each rou
     # ordered tuples are not sets
     ("(1, 2)", "\\{1, 2\\}", False), ("\\{1, 2\\}", "(2, 1)", False), ("[1, 2]", "\\{1, 2\\}", False),
     ("\\{3, 5\\}", "\\{5, 3\\}", True),
+    # special tokens left in by decoding
+    ("5", "#### 5<|endoftext|>", True), ("5", "#### 5</s>", True), ("5", "The answer is 5.<|im_end|>", True),
+    ("5", "The answer is 5<|eot_id|>", True),
+    ("5", "#### 6<|endoftext|>", False),
 ]
