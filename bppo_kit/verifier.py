@@ -1429,6 +1429,7 @@ MORE_CASES = [  # (gold, prediction, correct?): written after the code, each rou
     # found by a sweep over MATH500 answers in wrappers (true ones)
     ("10,\\!080", "x = 10,\\!080", True),
     ("\\$32,\\!348", "The final answer is $\\$32,\\!348$. I hope it is correct.", True),
+    # set-builder notation, the real line, approximations, more wrappers
     ("\\frac{9}{2}", "\\boxed{\\dfrac{9}{2}\\text{ cm}^2}", True), ("\\frac12", "\\frac 1 2", True),
     ("\\frac12", "\\cfrac{1}{2}", True),
     ("\\frac12", "x = 1/2", True), ("(-\\infty, \\infty)", "\\text{all real numbers}", True),
