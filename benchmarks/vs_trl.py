@@ -30,11 +30,15 @@ from pathlib import Path
 # optimizer step: the same reduction. "bnpo" divides by the tokens of each micro-batch (then averages micro-batches),
 # which differs whenever the two micro-batches hold different numbers of tokens.
 LOSS_TYPE = {"token": "dapo", "seq": "grpo", "constant": "dr_grpo"}
+# The kit's rollout engine on its side: "hf" (default) generates with transformers' `generate`, as TRL does, so the
+# comparison is of the training loops; VS_TRL_ENGINE=kit measures the kit with its own continuous-batching engine.
+ENGINE = os.environ.get("VS_TRL_ENGINE", "hf")
 
 
 def kit_config(steps: int, out: str):
     from bppo_kit.config import get_config
-    return get_config("cpu-demo", overrides=[f"train.steps={steps}", f"train.out={out}", "train.device=cpu"])
+    return get_config("cpu-demo", overrides=[f"train.steps={steps}", f"train.out={out}", "train.device=cpu",
+                                             f"rollout.engine={ENGINE}"])
 
 
 def settings_of(cfg) -> dict:
