@@ -7,6 +7,7 @@ Docs: https://bppo-kit.github.io/bppo_kit/trainer.html.md"""
 # %% ../nbs/11_trainer.ipynb #e962ff92
 from __future__ import annotations
 import json, math, random, shutil, signal, threading, time
+from dataclasses import replace
 from pathlib import Path
 import numpy as np
 import torch
@@ -23,8 +24,8 @@ from .batching import TPPO
 
 # %% auto #0
 __all__ = ['ALGORITHMS', 'PromptSource', 'make_algorithm', 'make_engine', 'forward_logprobs', 'kernel_loss', 'update',
-           'save_checkpoint', 'load_trainer_state', 'truncate_metrics', 'rollout_metrics', 'train', 'read_jsonl_rows',
-           'plot_run']
+           'save_checkpoint', 'load_trainer_state', 'truncate_metrics', 'rollout_metrics', 'refill_groups', 'train',
+           'read_jsonl_rows', 'plot_run']
 
 # %% ../nbs/11_trainer.ipynb #522b7114
 class PromptSource:
@@ -44,6 +45,14 @@ class PromptSource:
         epoch, k = divmod(step, per_epoch)
         order = list(range(len(self.examples))); random.Random(seed * 1_000_003 + epoch).shuffle(order)
         return [self.examples[i] for i in order[k * self.n:(k + 1) * self.n]]
+
+    def extra(self, step: int, round_: int, n: int) -> list[Example]:
+        "`n` more prompts for step `step` (resampling round `round_` >= 1): fresh problems, or a seeded draw of the data"
+        seed = self.cfg.data.seed * 1_000_003 + step + 7_919 * round_ * 1_000_003
+        if self.examples is None:
+            s = synthetic_stream(seed, self.held)
+            return [synthetic_example(next(s)) for _ in range(n)]
+        return random.Random(seed).sample(self.examples, min(n, len(self.examples)))
 
 # %% ../nbs/11_trainer.ipynb #1d3aa80c
 ALGORITHMS = {"grpo": GRPO, "bppo": BPPO, "tppo": TPPO, "ppo": TPPO}
@@ -200,7 +209,23 @@ def rollout_metrics(r: Rollout) -> dict:
         out.update(verbose_frac=mean(v), accuracy_verbose=mean(ok[v]), accuracy_concise=mean(ok[~v]))
     return out
 
-# %% ../nbs/11_trainer.ipynb #2e5e6d1f
+# %% ../nbs/11_trainer.ipynb #99eaabf6
+def refill_groups(ro: Rollout, extra: Rollout) -> tuple[Rollout, int]:
+    "Replace the zero-signal groups of `ro` (all rewards equal) by `extra`'s groups that carry signal; how many were replaced"
+    G = ro.rewards.shape[1]
+    dead = [b for b in range(len(ro.examples)) if ro.rewards[b].std(unbiased=False) <= 1e-6]
+    live = [j for j in range(len(extra.examples)) if extra.rewards[j].std(unbiased=False) > 1e-6]
+    ex, cs = list(ro.examples), list(ro.completions)
+    rw, ok, ln = ro.rewards.clone(), ro.correct.clone(), ro.lengths.clone()
+    va = ro.valid.clone() if ro.valid is not None else None
+    for b, j in zip(dead, live):
+        ex[b] = extra.examples[j]
+        cs[b * G:(b + 1) * G] = [replace(c, prompt_index=b) for c in extra.completions[j * G:(j + 1) * G]]
+        rw[b], ok[b], ln[b] = extra.rewards[j], extra.correct[j], extra.lengths[j]
+        if va is not None: va[b] = extra.valid[j] if extra.valid is not None else True
+    return Rollout(ex, cs, rw, ok, ln, va), min(len(dead), len(live))
+
+# %% ../nbs/11_trainer.ipynb #ca01efd1
 def _device(cfg: Config) -> str:
     return ("cuda" if torch.cuda.is_available() else "cpu") if cfg.train.device == "auto" else cfg.train.device
 
@@ -296,7 +321,15 @@ def train(cfg: Config, # the validated config
                 t1 = time.time()
                 # reward
                 ro = score_rollout(ex, cs, r.group_size, tok.eos_token_id)
+                refilled = 0
+                for k in range(1, cfg.algo.resample + 1):  # DAPO-style: swap zero-signal groups for fresh ones that carry signal
+                    n_dead = int((ro.rewards.std(1, unbiased=False) <= 1e-6).sum())
+                    if not n_dead: break
+                    ex2 = prompts.extra(step, k, n_dead)
+                    cs2 = engine.generate([e.prompt for e in ex2], r.group_size, replace(sp, seed=sp.seed + 104_729 * k))
+                    ro, got = refill_groups(ro, score_rollout(ex2, cs2, r.group_size, tok.eos_token_id)); refilled += got
                 rm = rollout_metrics(ro)
+                if cfg.algo.resample: rm["refilled_groups"] = refilled
                 t2 = time.time()
                 # advantages: the algorithm picks sequences and tokens
                 items, am = algo.prepare(ro, step)
@@ -323,7 +356,7 @@ def train(cfg: Config, # the validated config
     return dict(run_dir=str(run), steps=done, seconds=round(time.time() - t_run, 1),
                 first_eval=evals[0] if evals else None, last_eval=evals[-1] if evals else None)
 
-# %% ../nbs/11_trainer.ipynb #12c4988e
+# %% ../nbs/11_trainer.ipynb #340f0823
 def read_jsonl_rows(path: Path) -> list[dict]:
     return [json.loads(l) for l in Path(path).read_text().splitlines() if l.strip()] if Path(path).exists() else []
 

@@ -91,3 +91,15 @@ def test_ppo_finishes_every_response(tmp_path):
     rows = read_jsonl_rows(tmp_path / "metrics.jsonl")
     assert all(r["finished_frac"] == 1.0 and r["pool_unfinished"] == 0 for r in rows)
     assert all(r["value_loss"] is not None for r in rows)
+
+def test_resample_and_early_stop(tmp_path):
+    "BPPO with resampling of zero-signal groups and adaptive completion scheduling runs and reports both"
+    from bppo_kit.config import get_config
+    from bppo_kit.trainer import read_jsonl_rows, train
+    cfg = get_config("cpu-demo", overrides=["algo.name=bppo", "algo.resample=2", "algo.schedule=early_stop",
+                                            "train.prompts_per_step=8", "rollout.group_size=8", "train.steps=2", f"train.out={tmp_path}"])
+    train(cfg, progress=False, evaluate_every=False)
+    rows = read_jsonl_rows(tmp_path / "metrics.jsonl")
+    assert all("refilled_groups" in r and 0 <= r["cancelled_frac"] < 1 for r in rows)
+    assert any(r["cancelled_frac"] > 0 for r in rows)  # some groups were stopped early
+    assert all(r["selected_sequences"] <= 16 for r in rows)
