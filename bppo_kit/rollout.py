@@ -151,7 +151,7 @@ def idle_fraction(completions: list[Completion], batch: int) -> float:
     work = sum(len(ch) * max(ch) for ch in chunks)
     return 1 - sum(lens) / work
 
-# %% ../nbs/04_rollout.ipynb #70994e68
+# %% ../nbs/04_rollout.ipynb #25874279
 _M32 = 0xFFFFFFFF
 
 def _mul32(a: torch.Tensor, c: int) -> torch.Tensor:
@@ -171,7 +171,7 @@ def gumbel_noise(seed: torch.Tensor, uid: torch.Tensor, t: torch.Tensor, vocab: 
     u = ((h >> 8).float() + 0.5) / 2 ** 24  # 24 bits: exactly representable, strictly inside (0, 1)
     return -torch.log(-torch.log(u))
 
-# %% ../nbs/04_rollout.ipynb #ab220d73
+# %% ../nbs/04_rollout.ipynb #be516e55
 def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
     "`logits [n, V]` with tokens outside top-k / top-p set to -inf (HF's order: top-k, then top-p)"
     if top_k and top_k < logits.shape[-1]:
@@ -193,7 +193,7 @@ def sample_tokens(logits: torch.Tensor, temperature: float, top_k: int, top_p: f
     else: nxt = (filter_logits(logits / temperature, top_k, top_p) + gumbel_noise(seed, uid, t, logits.shape[-1])).argmax(-1)
     return nxt, lp.gather(-1, nxt[:, None])[:, 0]
 
-# %% ../nbs/04_rollout.ipynb #c5fb2e18
+# %% ../nbs/04_rollout.ipynb #e67abf03
 @dataclass
 class Request:
     prompt_ids: list[int]
@@ -430,7 +430,7 @@ class KitEngine:
         done = dict(zip(todo, self.run(reqs, sampling, window)))
         return [done.get(i, c) for i, c in enumerate(completions)]
 
-# %% ../nbs/04_rollout.ipynb #6c0d0217
+# %% ../nbs/04_rollout.ipynb #6e62fdf5
 def vllm_available() -> bool:
     "Whether `vllm` can be imported here"
     import importlib.util
