@@ -15,8 +15,9 @@ from tqdm.auto import tqdm
 from .policy import token_logprobs
 
 # %% auto #0
-__all__ = ['SamplingParams', 'Completion', 'trim', 'HFEngine', 'hf_batch_available', 'HFBatchEngine', 'idle_fraction', 'mix32',
-           'gumbel_noise', 'filter_logits', 'sample_tokens', 'Request', 'KitEngine', 'vllm_available', 'VLLMEngine']
+__all__ = ['SamplingParams', 'Completion', 'trim', 'encode_prompts', 'HFEngine', 'hf_batch_available', 'HFBatchEngine',
+           'idle_fraction', 'mix32', 'gumbel_noise', 'filter_logits', 'sample_tokens', 'Request', 'KitEngine',
+           'vllm_available', 'VLLMEngine']
 
 # %% ../nbs/04_rollout.ipynb #f087151a
 @dataclass
@@ -56,6 +57,16 @@ def trim(row: list[int], stop_ids: set[int]) -> tuple[list[int], str]:
     return row, "length"
 
 # %% ../nbs/04_rollout.ipynb #1fdd991b
+def encode_prompts(tok, prompts: list[str], n: int, sp: SamplingParams, context: int | None = None) -> list[list[int]]:
+    "Token ids of `prompts` after the checks every engine makes (n >= 1, no empty prompt, prompt + new tokens fit `context`)"
+    if n < 1: raise ValueError(f"n must be >= 1, got {n}")
+    ids = [tok(p)["input_ids"] for p in prompts]
+    if any(len(x) == 0 for x in ids): raise ValueError("empty prompt")
+    if context and ids and max(map(len, ids)) + sp.max_new_tokens > context:
+        raise ValueError(f"prompt of {max(map(len, ids))} tokens + {sp.max_new_tokens} new exceeds the context of {context}")
+    return ids
+
+# %% ../nbs/04_rollout.ipynb #cb66289c
 class HFEngine:
     "Generation with transformers' `model.generate` (left padding)"
     def __init__(self, model, tok, max_batch: int = 512, progress: bool = False):
@@ -66,13 +77,8 @@ class HFEngine:
     def generate(self, prompts: list[str], n: int = 1, sampling: SamplingParams | None = None) -> list[Completion]:
         "`n` completions of each prompt, grouped by prompt: index `i*n + j` is sample `j` of prompt `i`"
         sp = sampling or SamplingParams()
-        if n < 1: raise ValueError(f"n must be >= 1, got {n}")
-        if not prompts: return []
-        ids = [self.tok(p)["input_ids"] for p in prompts]
-        if any(len(x) == 0 for x in ids): raise ValueError("empty prompt")
-        limit = getattr(self.model.config, "max_position_embeddings", None)
-        if limit and max(map(len, ids)) + sp.max_new_tokens > limit:
-            raise ValueError(f"prompt of {max(map(len, ids))} tokens + {sp.max_new_tokens} new exceeds the context of {limit}")
+        ids = encode_prompts(self.tok, prompts, n, sp, getattr(self.model.config, "max_position_embeddings", None))
+        if not ids: return []
         if sp.seed is not None: torch.manual_seed(sp.seed)
         gen_eos = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
         stop = {self.tok.eos_token_id, *sp.stop_token_ids, *([gen_eos] if isinstance(gen_eos, int) else gen_eos or [])}
@@ -98,7 +104,7 @@ class HFEngine:
         self.stats["generated_tokens"] += sum(c.n_tokens for c in out)
         return out
 
-# %% ../nbs/04_rollout.ipynb #78a3f91a
+# %% ../nbs/04_rollout.ipynb #25589568
 def hf_batch_available(model) -> bool:
     "Whether the installed transformers offers `generate_batch` (continuous batching)"
     return callable(getattr(model, "generate_batch", None))
@@ -116,10 +122,8 @@ class HFBatchEngine:
         from transformers import GenerationConfig
         from transformers.generation import ContinuousBatchingConfig
         sp = sampling or SamplingParams()
-        if n < 1: raise ValueError(f"n must be >= 1, got {n}")
-        if not prompts: return []
-        ids = [self.tok(p)["input_ids"] for p in prompts]
-        if any(len(x) == 0 for x in ids): raise ValueError("empty prompt")
+        ids = encode_prompts(self.tok, prompts, n, sp, getattr(self.model.config, "max_position_embeddings", None))
+        if not ids: return []
         if sp.seed is not None: torch.manual_seed(sp.seed)
         stop = sorted({self.tok.eos_token_id, *sp.stop_token_ids})
         gc = GenerationConfig(max_new_tokens=sp.max_new_tokens, do_sample=sp.temperature > 0, eos_token_id=stop,
@@ -142,7 +146,7 @@ class HFBatchEngine:
         self.stats["generated_tokens"] += sum(c.n_tokens for c in cs)
         return cs
 
-# %% ../nbs/04_rollout.ipynb #a766519c
+# %% ../nbs/04_rollout.ipynb #29203041
 def idle_fraction(completions: list[Completion], batch: int) -> float:
     "Share of decoding row-steps wasted on finished rows when `completions` are decoded `batch` rows at a time"
     lens = [c.n_tokens for c in completions]
@@ -151,7 +155,7 @@ def idle_fraction(completions: list[Completion], batch: int) -> float:
     work = sum(len(ch) * max(ch) for ch in chunks)
     return 1 - sum(lens) / work
 
-# %% ../nbs/04_rollout.ipynb #25874279
+# %% ../nbs/04_rollout.ipynb #26bc2147
 _M32 = 0xFFFFFFFF
 
 def _mul32(a: torch.Tensor, c: int) -> torch.Tensor:
@@ -171,7 +175,7 @@ def gumbel_noise(seed: torch.Tensor, uid: torch.Tensor, t: torch.Tensor, vocab: 
     u = ((h >> 8).float() + 0.5) / 2 ** 24  # 24 bits: exactly representable, strictly inside (0, 1)
     return -torch.log(-torch.log(u))
 
-# %% ../nbs/04_rollout.ipynb #be516e55
+# %% ../nbs/04_rollout.ipynb #73beb828
 def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
     "`logits [n, V]` with tokens outside top-k / top-p set to -inf (HF's order: top-k, then top-p)"
     if top_k and top_k < logits.shape[-1]:
@@ -193,7 +197,7 @@ def sample_tokens(logits: torch.Tensor, temperature: float, top_k: int, top_p: f
     else: nxt = (filter_logits(logits / temperature, top_k, top_p) + gumbel_noise(seed, uid, t, logits.shape[-1])).argmax(-1)
     return nxt, lp.gather(-1, nxt[:, None])[:, 0]
 
-# %% ../nbs/04_rollout.ipynb #e67abf03
+# %% ../nbs/04_rollout.ipynb #1912bfea
 @dataclass
 class Request:
     prompt_ids: list[int]
@@ -411,9 +415,8 @@ class KitEngine:
                  window: int | None = None, on_finish=None) -> list[Completion]:
         "`n` completions of each prompt, grouped by prompt (index `i*n + j`); with `window`, unfinished ones are paused"
         sp = sampling or SamplingParams()
-        if n < 1: raise ValueError(f"n must be >= 1, got {n}")
-        if not prompts: return []
-        ids = [self.tok(p)["input_ids"] for p in prompts]
+        ids = encode_prompts(self.tok, prompts, n, sp, self.ctx)
+        if not ids: return []
         seed = sp.seed if sp.seed is not None else int(torch.randint(0, 2**31 - 1, ()).item())
         reqs = [Request(x, i, i * n + j, seed) for i, x in enumerate(ids) for j in range(n)]
         return self.run(reqs, sp, window, on_finish)
@@ -430,7 +433,7 @@ class KitEngine:
         done = dict(zip(todo, self.run(reqs, sampling, window)))
         return [done.get(i, c) for i, c in enumerate(completions)]
 
-# %% ../nbs/04_rollout.ipynb #6e62fdf5
+# %% ../nbs/04_rollout.ipynb #3bdab2d2
 def vllm_available() -> bool:
     "Whether `vllm` can be imported here"
     import importlib.util
@@ -491,12 +494,8 @@ class VLLMEngine:
         "`n` completions of each prompt, grouped by prompt: index `i*n + j` is sample `j` of prompt `i`"
         from vllm.inputs import TokensPrompt
         sp = sampling or SamplingParams()
-        if n < 1: raise ValueError(f"n must be >= 1, got {n}")
-        if not prompts: return []
-        ids = [self.tok(p)["input_ids"] for p in prompts]
-        if any(len(x) == 0 for x in ids): raise ValueError("empty prompt")
-        if max(map(len, ids)) + sp.max_new_tokens > self.ctx:
-            raise ValueError(f"prompt of {max(map(len, ids))} tokens + {sp.max_new_tokens} new exceeds the context of {self.ctx}")
+        ids = encode_prompts(self.tok, prompts, n, sp, self.ctx)
+        if not ids: return []
         stop = self._stop_ids(sp)
         greedy = sp.temperature == 0
         def params(i):
