@@ -107,12 +107,29 @@ class BPPO:
         ratio = scheduled_ratio(step, self.cfg.train.steps, a.prefix_ratio, a.prefix_ratio_end)
         keep = prefix_lengths(n_tok, a.prefix_mode, ratio, a.prefix_tokens)
         items = []
+        if a.select == "all": return self._prefix_only(r, sel, keep, ratio)
         for b in range(sel.shape[0]):
             for k in range(2):
                 j = sel[b, k].item()
                 if j < 0 or adv[b, k].item() == 0.0: continue
                 c = r.completions[b * G + j]
                 items.append(TrainItem(c.prompt_ids, c.completion_ids, adv[b, k].item(), int(keep[b, k])))
+        return items, dict(frac_zero_std_groups=zero_signal_frac(r.rewards), selected_sequences=len(items),
+                           prefix_tokens=sum(it.n_train for it in items), prefix_ratio=ratio)
+
+    def _prefix_only(self, r: Rollout, sel: torch.Tensor, keep: torch.Tensor, ratio: float) -> tuple[list[TrainItem], dict]:
+        "The 'prefix only' ablation: every completion trained (GRPO's advantages), each cut like the representatives"
+        a, G = self.cfg.algo, r.rewards.shape[1]
+        adv = group_advantages(r.rewards) if r.valid is None else masked_group_advantages(r.rewards, r.valid)
+        items = []
+        for b in range(sel.shape[0]):
+            for j in range(G):
+                c = r.completions[b * G + j]
+                if adv[b, j].item() == 0.0: continue
+                n = c.n_tokens
+                cut = (min(n, int(keep[b, 0])) if a.prefix_mode == "pair_min" and (sel[b] >= 0).all() else
+                       int(prefix_lengths(torch.tensor([[n, 0]]), a.prefix_mode, ratio, a.prefix_tokens)[0, 0]))
+                items.append(TrainItem(c.prompt_ids, c.completion_ids, adv[b, j].item(), cut))
         return items, dict(frac_zero_std_groups=zero_signal_frac(r.rewards), selected_sequences=len(items),
                            prefix_tokens=sum(it.n_train for it in items), prefix_ratio=ratio)
 

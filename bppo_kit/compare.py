@@ -23,6 +23,7 @@ VARIANTS = {
     "bppo_one": ["algo.name=bppo", "algo.class_weight=one"],  # unweighted representatives
     "bppo_ratio": ["algo.name=bppo", "algo.prefix_mode=ratio"],
     "bppo_sched": ["algo.name=bppo", "algo.schedule=early_stop"],  # + adaptive completion scheduling
+    "prefix_only": ["algo.name=bppo", "algo.select=all"],  # every completion, each cut to its group's pair length
     "ppo": ["algo.name=ppo", "rollout.window=0"],  # PPO with a value model, whole responses
     "tppo": ["algo.name=tppo", "rollout.window=32"],  # T-PPO: 32-token windows, EGAE
 }

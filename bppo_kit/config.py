@@ -62,6 +62,7 @@ class AlgoConfig:
     prefix_ratio_end: float = param(0.5, gt=0, le=1)  # ... growing linearly to this at the last step
     prefix_tokens: int = param(64, ge=1)  # BPPO "tokens" mode: trained tokens per representative
     class_weight: str = param("class", choices=["class", "one"])  # BPPO: a representative stands for its class (x class size) or for itself
+    select: str = param("binary", choices=["binary", "all"])  # BPPO: binary = the two representatives; all = every completion, each cut like them (the "prefix only" ablation)
     resample: int = param(0, ge=0)  # GRPO/BPPO: rounds of swapping zero-signal groups (all rewards equal) for fresh prompts' groups
     schedule: str = param("none", choices=["none", "early_stop"])  # BPPO: early_stop cancels a group's samples once both representatives are known
     gamma: float = param(1.0, gt=0, le=1)  # T-PPO/PPO: discount
