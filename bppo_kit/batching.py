@@ -114,8 +114,9 @@ class TPPO:
         busy, slots = engine.stats["busy_slot_steps"] - s0["busy_slot_steps"], engine.stats["slot_steps"] - s0["slot_steps"]
         starts = [len(e.tokens) for e in entries]
         for e, c in zip(entries, cs): e.tokens, e.logprobs, e.rounds = list(c.completion_ids), list(c.logprobs), e.rounds + 1
-        fin = torch.tensor([c.finish_reason in ("eos", "length") for c in cs])
-        sc = [score(c.text, e.example.answer, e.example.task) if f else None for e, c, f in zip(entries, cs, fin.tolist())]
+        done_flags = [c.finish_reason in ("eos", "length") for c in cs]
+        fin = torch.tensor(done_flags)
+        sc = [score(c.text, e.example.answer, e.example.task) if f else None for e, c, f in zip(entries, cs, done_flags)]
         reward = torch.tensor([s.reward if s else 0.0 for s in sc])
         # EGAE over this window's tokens
         V = self._values(entries, tok.pad_token_id)  # [N, C] over all tokens so far
@@ -131,8 +132,8 @@ class TPPO:
         k = pm.sum(1)
         items = [TrainItem(e.prompt_ids, list(e.tokens), 0.0, s + int(k[i]), s, adv[i, :k[i]].tolist())
                  for i, (e, s) in enumerate(zip(entries, starts))]
-        done = [e for e, f in zip(entries, fin.tolist()) if f]
-        self.pool.put_back([e for e, f in zip(entries, fin.tolist()) if not f])
+        done = [e for e, f in zip(entries, done_flags) if f]
+        self.pool.put_back([e for e, f in zip(entries, done_flags) if not f])
         self._finished = (done, reward[fin], V[fin])
         ok = torch.tensor([s.correct for s in sc if s is not None])
         lens = torch.tensor([len(e.tokens) - (1 if e.tokens and e.tokens[-1] == tok.eos_token_id else 0) for e in done]).float()

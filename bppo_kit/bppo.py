@@ -114,8 +114,7 @@ class BPPO:
                 if j < 0 or adv[b, k].item() == 0.0: continue
                 c = r.completions[b * G + j]
                 items.append(TrainItem(c.prompt_ids, c.completion_ids, adv[b, k].item(), int(keep[b, k])))
-        return items, dict(frac_zero_std_groups=zero_signal_frac(r.rewards), selected_sequences=len(items),
-                           prefix_tokens=sum(it.n_train for it in items), prefix_ratio=ratio)
+        return items, self._metrics(r, items, ratio)
 
     def _prefix_only(self, r: Rollout, sel: torch.Tensor, keep: torch.Tensor, ratio: float) -> tuple[list[TrainItem], dict]:
         "The 'prefix only' ablation: every completion trained (GRPO's advantages), each cut like the representatives"
@@ -130,8 +129,12 @@ class BPPO:
                 cut = (min(n, int(keep[b, 0])) if a.prefix_mode == "pair_min" and (sel[b] >= 0).all() else
                        int(prefix_lengths(torch.tensor([[n, 0]]), a.prefix_mode, ratio, a.prefix_tokens)[0, 0]))
                 items.append(TrainItem(c.prompt_ids, c.completion_ids, adv[b, j].item(), cut))
-        return items, dict(frac_zero_std_groups=zero_signal_frac(r.rewards), selected_sequences=len(items),
-                           prefix_tokens=sum(it.n_train for it in items), prefix_ratio=ratio)
+        return items, self._metrics(r, items, ratio)
+
+    @staticmethod
+    def _metrics(r: Rollout, items: list[TrainItem], ratio: float) -> dict:
+        return dict(frac_zero_std_groups=zero_signal_frac(r.rewards), selected_sequences=len(items),
+                    prefix_tokens=sum(it.n_train for it in items), prefix_ratio=ratio)
 
     def scheduler(self, examples: list[Example]):
         "The engine's `on_finish` callback for `algo.schedule` (None for `none`)"

@@ -15,9 +15,9 @@ from tqdm.auto import tqdm
 from .policy import token_logprobs
 
 # %% auto #0
-__all__ = ['SamplingParams', 'Completion', 'trim', 'encode_prompts', 'HFEngine', 'hf_batch_available', 'HFBatchEngine',
-           'idle_fraction', 'mix32', 'gumbel_noise', 'filter_logits', 'sample_tokens', 'Request', 'KitEngine',
-           'vllm_available', 'VLLMEngine']
+__all__ = ['SamplingParams', 'Completion', 'trim', 'encode_prompts', 'stop_ids', 'HFEngine', 'hf_batch_available',
+           'HFBatchEngine', 'idle_fraction', 'mix32', 'gumbel_noise', 'filter_logits', 'sample_tokens', 'Request',
+           'KitEngine', 'vllm_available', 'VLLMEngine']
 
 # %% ../nbs/04_rollout.ipynb #f087151a
 @dataclass
@@ -66,7 +66,12 @@ def encode_prompts(tok, prompts: list[str], n: int, sp: SamplingParams, context:
         raise ValueError(f"prompt of {max(map(len, ids))} tokens + {sp.max_new_tokens} new exceeds the context of {context}")
     return ids
 
-# %% ../nbs/04_rollout.ipynb #cb66289c
+def stop_ids(model, tok, sp: SamplingParams) -> set[int]:
+    "The tokens that end a completion: the tokenizer's EOS, the model's generation-config EOS(es) and `sp.stop_token_ids`"
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    return {tok.eos_token_id, *sp.stop_token_ids, *([gen_eos] if isinstance(gen_eos, int) else gen_eos or [])} - {None}
+
+# %% ../nbs/04_rollout.ipynb #fca7fdf7
 class HFEngine:
     "Generation with transformers' `model.generate` (left padding)"
     def __init__(self, model, tok, max_batch: int = 512, progress: bool = False):
@@ -80,8 +85,7 @@ class HFEngine:
         ids = encode_prompts(self.tok, prompts, n, sp, getattr(self.model.config, "max_position_embeddings", None))
         if not ids: return []
         if sp.seed is not None: torch.manual_seed(sp.seed)
-        gen_eos = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
-        stop = {self.tok.eos_token_id, *sp.stop_token_ids, *([gen_eos] if isinstance(gen_eos, int) else gen_eos or [])}
+        stop = stop_ids(self.model, self.tok, sp)
         flat = [(i, x) for i, x in enumerate(ids) for _ in range(n)]
         out, t0 = [], time.time()
         dev = next(self.model.parameters()).device
@@ -104,7 +108,7 @@ class HFEngine:
         self.stats["generated_tokens"] += sum(c.n_tokens for c in out)
         return out
 
-# %% ../nbs/04_rollout.ipynb #25589568
+# %% ../nbs/04_rollout.ipynb #a766519c
 def hf_batch_available(model) -> bool:
     "Whether the installed transformers offers `generate_batch` (continuous batching)"
     return callable(getattr(model, "generate_batch", None))
@@ -125,7 +129,7 @@ class HFBatchEngine:
         ids = encode_prompts(self.tok, prompts, n, sp, getattr(self.model.config, "max_position_embeddings", None))
         if not ids: return []
         if sp.seed is not None: torch.manual_seed(sp.seed)
-        stop = sorted({self.tok.eos_token_id, *sp.stop_token_ids})
+        stop = sorted(stop_ids(self.model, self.tok, sp))
         gc = GenerationConfig(max_new_tokens=sp.max_new_tokens, do_sample=sp.temperature > 0, eos_token_id=stop,
                               pad_token_id=self.tok.pad_token_id,
                               **(dict(temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k) if sp.temperature > 0 else {}))
@@ -146,7 +150,7 @@ class HFBatchEngine:
         self.stats["generated_tokens"] += sum(c.n_tokens for c in cs)
         return cs
 
-# %% ../nbs/04_rollout.ipynb #29203041
+# %% ../nbs/04_rollout.ipynb #70994e68
 def idle_fraction(completions: list[Completion], batch: int) -> float:
     "Share of decoding row-steps wasted on finished rows when `completions` are decoded `batch` rows at a time"
     lens = [c.n_tokens for c in completions]
@@ -155,7 +159,7 @@ def idle_fraction(completions: list[Completion], batch: int) -> float:
     work = sum(len(ch) * max(ch) for ch in chunks)
     return 1 - sum(lens) / work
 
-# %% ../nbs/04_rollout.ipynb #26bc2147
+# %% ../nbs/04_rollout.ipynb #be516e55
 _M32 = 0xFFFFFFFF
 
 def _mul32(a: torch.Tensor, c: int) -> torch.Tensor:
@@ -175,7 +179,7 @@ def gumbel_noise(seed: torch.Tensor, uid: torch.Tensor, t: torch.Tensor, vocab: 
     u = ((h >> 8).float() + 0.5) / 2 ** 24  # 24 bits: exactly representable, strictly inside (0, 1)
     return -torch.log(-torch.log(u))
 
-# %% ../nbs/04_rollout.ipynb #73beb828
+# %% ../nbs/04_rollout.ipynb #e67abf03
 def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
     "`logits [n, V]` with tokens outside top-k / top-p set to -inf (HF's order: top-k, then top-p)"
     if top_k and top_k < logits.shape[-1]:
@@ -197,7 +201,7 @@ def sample_tokens(logits: torch.Tensor, temperature: float, top_k: int, top_p: f
     else: nxt = (filter_logits(logits / temperature, top_k, top_p) + gumbel_noise(seed, uid, t, logits.shape[-1])).argmax(-1)
     return nxt, lp.gather(-1, nxt[:, None])[:, 0]
 
-# %% ../nbs/04_rollout.ipynb #1912bfea
+# %% ../nbs/04_rollout.ipynb #136bab59
 @dataclass
 class Request:
     prompt_ids: list[int]
@@ -300,10 +304,6 @@ class KitEngine:
         self.cache = ([torch.zeros(shape, dtype=p.dtype, device=p.device) for _ in range(L)],
                       [torch.zeros(shape, dtype=p.dtype, device=p.device) for _ in range(L)])
 
-    def _stop_ids(self, sp: SamplingParams) -> set[int]:
-        gen_eos = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
-        return {self.tok.eos_token_id, *sp.stop_token_ids, *([gen_eos] if isinstance(gen_eos, int) else gen_eos or [])} - {None}
-
     @torch.no_grad()
     def run(self, requests: list[Request], sampling: SamplingParams | None = None,
             window: int | None = None, # generate at most this many tokens per request in this call ("window" if unfinished)
@@ -316,7 +316,7 @@ class KitEngine:
             if not r.prompt_ids: raise ValueError("empty prompt")
             if self.ctx and len(r.prompt_ids) + sp.max_new_tokens > self.ctx:
                 raise ValueError(f"prompt of {len(r.prompt_ids)} tokens + {sp.max_new_tokens} new exceeds the context of {self.ctx}")
-        stop, t0 = self._stop_ids(sp), time.time()
+        stop, t0 = stop_ids(self.model, self.tok, sp), time.time()
         S = min(self.max_slots, len(requests))
         need = max(len(r.prompt_ids) + max(sp.max_new_tokens, len(r.prefix) + 1) for r in requests)
         self._ensure_cache(S, need)
@@ -433,7 +433,7 @@ class KitEngine:
         done = dict(zip(todo, self.run(reqs, sampling, window)))
         return [done.get(i, c) for i, c in enumerate(completions)]
 
-# %% ../nbs/04_rollout.ipynb #3bdab2d2
+# %% ../nbs/04_rollout.ipynb #bfa8a5d0
 def vllm_available() -> bool:
     "Whether `vllm` can be imported here"
     import importlib.util
@@ -486,17 +486,13 @@ class VLLMEngine:
         except TypeError: self.llm.wake_up(); todo = sorted(self.asleep)  # older vLLM: no tags, wakes everything
         self.asleep -= set(todo)
 
-    def _stop_ids(self, sp: SamplingParams) -> set[int]:
-        gen_eos = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
-        return {self.tok.eos_token_id, *sp.stop_token_ids, *([gen_eos] if isinstance(gen_eos, int) else gen_eos or [])} - {None}
-
     def generate(self, prompts: list[str], n: int = 1, sampling: SamplingParams | None = None) -> list[Completion]:
         "`n` completions of each prompt, grouped by prompt: index `i*n + j` is sample `j` of prompt `i`"
         from vllm.inputs import TokensPrompt
         sp = sampling or SamplingParams()
         ids = encode_prompts(self.tok, prompts, n, sp, self.ctx)
         if not ids: return []
-        stop = self._stop_ids(sp)
+        stop = stop_ids(self.model, self.tok, sp)
         greedy = sp.temperature == 0
         def params(i):
             return self.vllm.SamplingParams(
