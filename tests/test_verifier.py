@@ -150,7 +150,7 @@ def test_answer_level_regexes_are_linear(s):
     t = time.perf_counter()
     for pred, gold in ((f"\\boxed{{{s}}}", "7"), ("\\boxed{7}", s), (s, s + "1"), (s * 3, s * 3)):
         assert isinstance(score(pred, gold, timeout=1.0), Score)
-    assert time.perf_counter() - t < 2.0 + 4 * HARD_MARGIN
+    assert time.perf_counter() - t < 4 * (1.0 + HARD_MARGIN)  # the contract: each of the 4 calls ends within timeout + margin
 
 def test_non_string_inputs():
     assert score(None, "7") == Score(False, 0.0, None, False)
