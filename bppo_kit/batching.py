@@ -1,4 +1,4 @@
-"""Fixed-size generation windows, unfinished responses carried to the next step, a value model trained on finished ones, and the T-PPO / PPO algorithm object.
+"""Fixed-size generation windows: the pool that carries unfinished responses to the next step, ahead of new prompts.
 
 Docs: https://bppo-kit.github.io/bppo_kit/batching.html.md"""
 
@@ -6,22 +6,12 @@ Docs: https://bppo-kit.github.io/bppo_kit/batching.html.md"""
 
 # %% ../nbs/09_batching.ipynb #6de5f1cb
 from __future__ import annotations
-import copy
 from collections import deque
 from dataclasses import asdict, dataclass, field
-import torch
-import torch.nn as nn
-from .config import Config, ConfigError
 from .data import Example
-from .egae import (adaptive_lambda, egae, explained_variance, mc_returns, terminal_rewards, tppo_token_mask,
-                           value_loss, whiten_clamp)
-from .grpo import TrainItem
-from .policy import ValueHead, pack
-from .rollout import Completion, Request, SamplingParams
-from .verifier import score
 
 # %% auto #0
-__all__ = ['Entry', 'SamplePool', 'ValueModel', 'TPPO']
+__all__ = ['Entry', 'SamplePool']
 
 # %% ../nbs/09_batching.ipynb #e6f1c327
 @dataclass
@@ -63,116 +53,3 @@ class SamplePool:
         mk = lambda d: Entry(**{**d, "example": Example(**d["example"])})
         self.fresh, self.unfinished = deque(map(mk, s["fresh"])), deque(map(mk, s["unfinished"]))
         self.next_uid, self.next_group = s["next_uid"], s["next_group"]
-
-# %% ../nbs/09_batching.ipynb #06fc6130
-class ValueModel(nn.Module):
-    "The critic: a copy of the policy's decoder and a scalar head"
-    def __init__(self, policy):
-        super().__init__()
-        self.decoder = copy.deepcopy(policy.get_decoder())
-        self.head = ValueHead(policy.config.hidden_size).to(next(policy.parameters()).device)
-
-    def forward(self, batch: dict) -> torch.Tensor:
-        "V(s_t) for the completion tokens of a `pack` batch: [B, C], 0 where masked"
-        P = batch["prompt_len"]
-        h = self.decoder(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                         position_ids=batch["position_ids"], use_cache=False).last_hidden_state[:, P - 1:-1]
-        return self.head(h) * batch["completion_mask"][:, P:]
-
-# %% ../nbs/09_batching.ipynb #5e168195
-class TPPO:
-    "T-PPO (`window` > 0) and PPO (`window` = 0): sample pool, EGAE, dual-clip policy loss, a value model"
-    def __init__(self, cfg: Config, policy=None):
-        if cfg.rollout.engine != "kit":
-            raise ConfigError(f"rollout.engine: {cfg.algo.name} runs on the kit engine's window mode; use rollout.engine=kit")
-        self.cfg, self.name = cfg, cfg.algo.name
-        self.window = cfg.rollout.window if cfg.algo.name == "tppo" else 0
-        if cfg.algo.name == "tppo" and self.window < 1: raise ConfigError("rollout.window: T-PPO needs a window >= 1 (tokens per step)")
-        self.pool = SamplePool(cfg.rollout.group_size)
-        self.value = ValueModel(policy) if policy is not None else None
-        self.vopt = torch.optim.AdamW(self.value.parameters(), lr=cfg.algo.value_lr, betas=(0.9, 0.99), weight_decay=0.0) if self.value else None
-        self._finished = None  # (entries, rewards) of the responses that finished this step, for the value update
-
-    def batch_size(self) -> int: return self.cfg.train.prompts_per_step * self.cfg.rollout.group_size
-
-    @torch.no_grad()
-    def _values(self, entries: list[Entry], pad_id: int) -> torch.Tensor:
-        dev = next(self.value.parameters()).device
-        return self.value(pack([e.prompt_ids for e in entries], [e.tokens for e in entries], pad_id, dev)).float().cpu()
-
-    def collect(self, step: int, engine, prompts, tok, sampling: SamplingParams) -> tuple[list[TrainItem], dict]:
-        "Generate one window for a full batch from the pool; train items for this window and the step's metrics"
-        a, B = self.cfg.algo, self.batch_size()
-        if len(self.pool.fresh) + len(self.pool.unfinished) < B:
-            ex = prompts(step)
-            self.pool.admit(ex, [tok(e.prompt)["input_ids"] for e in ex])
-        entries = self.pool.draw(B)
-        seed = self.cfg.train.seed
-        reqs = [Request(e.prompt_ids, i, e.uid, seed, list(e.tokens), list(e.logprobs)) for i, e in enumerate(entries)]
-        s0 = dict(engine.stats)
-        cs = engine.run(reqs, sampling, window=self.window or None)
-        busy, slots = engine.stats["busy_slot_steps"] - s0["busy_slot_steps"], engine.stats["slot_steps"] - s0["slot_steps"]
-        starts = [len(e.tokens) for e in entries]
-        for e, c in zip(entries, cs): e.tokens, e.logprobs, e.rounds = list(c.completion_ids), list(c.logprobs), e.rounds + 1
-        done_flags = [c.finish_reason in ("eos", "length") for c in cs]
-        fin = torch.tensor(done_flags)
-        sc = [score(c.text, e.example.answer, e.example.task) if f else None for e, c, f in zip(entries, cs, done_flags)]
-        reward = torch.tensor([s.reward if s else 0.0 for s in sc])
-        # EGAE over this window's tokens
-        V = self._values(entries, tok.pad_token_id)  # [N, C] over all tokens so far
-        n = torch.tensor([len(e.tokens) - s for e, s in zip(entries, starts)])
-        T = max(1, int(n.max()))
-        mask = torch.arange(T)[None] < n[:, None]
-        vw = torch.zeros(len(entries), T)
-        for i, s in enumerate(starts): vw[i, :n[i]] = V[i, s:s + n[i]]
-        lam = adaptive_lambda(torch.tensor([len(e.tokens) for e in entries]).float(), a.lam, a.lam_alpha) if a.lam_alpha > 0 else a.lam
-        adv, _ = egae(terminal_rewards(reward, n, fin, T), vw, mask, fin, a.gamma, lam)
-        pm = tppo_token_mask(mask, fin, a.exclude_last)
-        adv = whiten_clamp(adv, pm, a.adv_clamp)
-        k = pm.sum(1)
-        items = [TrainItem(e.prompt_ids, list(e.tokens), 0.0, s + int(k[i]), s, adv[i, :k[i]].tolist())
-                 for i, (e, s) in enumerate(zip(entries, starts))]
-        done = [e for e, f in zip(entries, done_flags) if f]
-        self.pool.put_back([e for e, f in zip(entries, done_flags) if not f])
-        self._finished = (done, reward[fin], V[fin])
-        ok = torch.tensor([s.correct for s in sc if s is not None])
-        lens = torch.tensor([len(e.tokens) - (1 if e.tokens and e.tokens[-1] == tok.eos_token_id else 0) for e in done]).float()
-        mean = lambda x: x.float().mean().item() if x.numel() else None
-        m = dict(reward_mean=mean(reward[fin]), accuracy=mean(ok), response_tokens_mean=mean(lens),
-                 generated_tokens=int(n.sum()), finished_frac=mean(fin), finished=len(done),
-                 window_rounds_mean=mean(torch.tensor([e.rounds for e in done])),
-                 slot_utilization=busy / slots if slots else None, pool_unfinished=len(self.pool.unfinished),
-                 selected_sequences=int((k > 0).sum()), prefix_tokens=int(k.sum()))
-        return items, m
-
-    def after_update(self, pad_id: int) -> dict:
-        "Train the value model on the responses that finished this step (Monte-Carlo targets, clipped loss)"
-        done, reward, v_old = self._finished or ([], None, None)
-        self._finished = None
-        if not done: return dict(value_loss=None, explained_variance=None)
-        a, dev = self.cfg.algo, next(self.value.parameters()).device
-        L = torch.tensor([len(e.tokens) for e in done])
-        T = int(L.max())
-        mask = torch.arange(T)[None] < L[:, None]
-        ret = mc_returns(terminal_rewards(reward, L, torch.ones(len(done), dtype=torch.bool), T), mask, a.gamma)
-        v_old = v_old[:, :T]
-        ev = explained_variance(v_old, ret, mask)
-        self.value.train(); self.vopt.zero_grad(set_to_none=True)
-        tot, mb = 0.0, self.cfg.train.micro_batch
-        for i in range(0, len(done), mb):
-            sl = slice(i, i + mb)
-            b = pack([e.prompt_ids for e in done[sl]], [e.tokens for e in done[sl]], pad_id, dev)
-            v = self.value(b)[:, :T]
-            Tm = v.shape[1]
-            w = mask[sl, :Tm].sum() / mask.sum()  # micro-batch share of the token mean
-            loss = value_loss(v, v_old[sl, :Tm].to(dev), ret[sl, :Tm].to(dev), mask[sl, :Tm].to(dev), a.value_clip_low, a.value_clip_high) * w
-            loss.backward(); tot += loss.item()
-        torch.nn.utils.clip_grad_norm_(self.value.parameters(), self.cfg.train.grad_clip)
-        self.vopt.step(); self.value.eval()
-        return dict(value_loss=tot, explained_variance=ev if ev == ev else None)
-
-    def state_dict(self) -> dict:
-        return dict(pool=self.pool.state(), value=self.value.state_dict(), vopt=self.vopt.state_dict())
-
-    def load_state_dict(self, s: dict):
-        self.pool.load(s["pool"]); self.value.load_state_dict(s["value"]); self.vopt.load_state_dict(s["vopt"])

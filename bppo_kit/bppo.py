@@ -7,9 +7,10 @@ Docs: https://bppo-kit.github.io/bppo_kit/bppo.html.md"""
 # %% ../nbs/07_bppo.ipynb #ae4e9e55
 from __future__ import annotations
 import torch
-from .config import Config
+from .config import Config, ConfigError
+from .core import Algorithm, Rollout, TrainItem, register
 from .data import Example
-from .grpo import Rollout, TrainItem, group_advantages, zero_signal_frac
+from .grpo import group_advantages, zero_signal_frac
 from .verifier import score
 
 # %% auto #0
@@ -90,10 +91,13 @@ def early_stop(examples: list[Example], group_size: int, min_done: int | None = 
     return on_finish
 
 # %% ../nbs/07_bppo.ipynb #6288972f
-class BPPO:
+@register("bppo")
+class BPPO(Algorithm):
     "Binary prefix selection over full-group normalization"
-    name = "bppo"
-    def __init__(self, cfg: Config): self.cfg = cfg
+    @classmethod
+    def check(cls, cfg: Config):
+        if cfg.algo.schedule != "none" and cfg.rollout.engine != "kit":
+            raise ConfigError(f"algo.schedule: {cfg.algo.schedule} cancels requests mid-generation; use rollout.engine=kit")
 
     def prepare(self, r: Rollout, step: int = 0) -> tuple[list[TrainItem], dict]:
         "Train items (two per mixed group, prefixes only) and metrics for a scored rollout"

@@ -19,7 +19,7 @@ from .rollout import SamplingParams
 
 # %% auto #0
 __all__ = ['COMMANDS', 'seed_everything', 'cmd_eval', 'cmd_sft', 'cmd_train', 'cmd_compare', 'cmd_probe', 'cmd_plot',
-           'build_parser', 'shorthand_overrides', 'main']
+           'load_plugin', 'build_parser', 'shorthand_overrides', 'main']
 
 # %% ../nbs/12_cli.ipynb #5b7f3859
 def seed_everything(seed: int):
@@ -55,7 +55,8 @@ def cmd_sft(args, cfg: Config) -> int:
 
 # %% ../nbs/12_cli.ipynb #279f2ea4
 def cmd_train(args, cfg: Config) -> int:
-    from bppo_kit.trainer import plot_run, train
+    from bppo_kit.runs import plot_run
+    from bppo_kit.trainer import train
     try: s = train(cfg, resume=args.resume, progress=not args.quiet, overwrite=args.overwrite)
     except KeyboardInterrupt:
         st = Path(cfg.train.out) / "checkpoint" / "trainer_state.pt"
@@ -96,7 +97,7 @@ def cmd_probe(args, cfg: Config) -> int:
     return 0
 
 def cmd_plot(args, cfg: Config) -> int:
-    from bppo_kit.trainer import plot_run
+    from bppo_kit.runs import plot_run
     for r in args.runs:
         if not (Path(r) / "metrics.jsonl").is_file(): raise DataError(f"no metrics.jsonl in {r}")
     print(plot_run(args.runs, args.png))
@@ -110,6 +111,23 @@ def _common(p):
                    help="override one field, e.g. --set rollout.temperature=0.7 (repeatable)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
+def _plugins(p):
+    p.add_argument("--plugin", dest="plugins", action="append", default=[], metavar="FILE_OR_MODULE",
+                   help="import a .py file or a module first (e.g. one that registers an algorithm); repeatable")
+
+def load_plugin(spec: str):
+    "Import a `.py` file or a module by name (its algorithms register themselves); a `DataError` if it is not there"
+    import importlib, importlib.util
+    try:
+        if not spec.endswith(".py"): return importlib.import_module(spec)
+        if not Path(spec).is_file(): raise DataError(f"--plugin: no such file: {spec}")
+        name = f"bppo_plugin_{Path(spec).stem}"
+        sp = importlib.util.spec_from_file_location(name, spec)
+        mod = sys.modules[name] = importlib.util.module_from_spec(sp)
+        sp.loader.exec_module(mod)
+        return mod
+    except ModuleNotFoundError as e: raise DataError(f"--plugin: cannot import {spec}: {e}") from None
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="bppo", description="GRPO, BPPO and T-PPO for reasoning LMs: a notebook-first kit")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -121,8 +139,9 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("sft", help="train the tiny policy on the synthetic task")
     _common(s)
     s.add_argument("--out", help="checkpoint folder (default: sft.out)")
-    t = sub.add_parser("train", help="RL training: grpo or bppo (tppo, ppo as they land)")
+    t = sub.add_parser("train", help="RL training: grpo, bppo, tppo, ppo, or an algorithm a plugin registers")
     _common(t)
+    _plugins(t)
     t.add_argument("--algo", help="algo.name")
     t.add_argument("--steps", type=int, help="train.steps")
     t.add_argument("--seed", type=int, help="train.seed and data.seed")
@@ -132,6 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--overwrite", action="store_true", help="replace a run already in OUT")
     cp = sub.add_parser("compare", help="several algorithms, same seeds and budget: report.md, report.json, compare.png")
     _common(cp)
+    _plugins(cp)
     cp.add_argument("--algos", default="grpo_seq,grpo,bppo", help="comma-separated variants (see bppo_kit.compare.VARIANTS)")
     cp.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 for every variant")
     cp.add_argument("--steps", type=int, help="train.steps")
@@ -161,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     hf_logging.disable_progress_bar()  # "Loading weights" bars for every checkpoint are noise here; ours stay
     try:
         if getattr(args, "samples", 1) < 1: raise ConfigError(f"--samples must be >= 1, got {args.samples}")
+        for spec in getattr(args, "plugins", []): load_plugin(spec)
         extra = shorthand_overrides(args) if args.cmd == "train" else []
         if args.cmd == "compare": extra = [f"train.steps={args.steps}"] if args.steps else []
         cfg = get_config(args.preset, args.config, extra + args.overrides)
@@ -171,3 +192,5 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("bppo: interrupted", file=sys.stderr)
         return 130
+
+if __name__ == "__main__" and "__file__" in globals(): sys.exit(main())  # `python -m bppo_kit.cli` (a notebook has no __file__)

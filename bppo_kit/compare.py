@@ -8,11 +8,13 @@ Docs: https://bppo-kit.github.io/bppo_kit/compare.html.md"""
 from __future__ import annotations
 import json, statistics
 from pathlib import Path
+from matplotlib.figure import Figure
 from .config import Config, ConfigError, apply_overrides, from_dict, to_dict
-from .trainer import read_jsonl_rows, train
+from .runs import read_jsonl_rows
+from .trainer import train
 
 # %% auto #0
-__all__ = ['VARIANTS', 'variant_config', 'run_summary', 'aggregate', 'write_report', 'compare']
+__all__ = ['VARIANTS', 'variant_config', 'run_summary', 'aggregate', 'compare_figure', 'write_report', 'compare']
 
 # %% ../nbs/11b_compare.ipynb #9c5dd79d
 VARIANTS = {
@@ -63,11 +65,10 @@ def aggregate(rows: list[dict]) -> dict:
     return out
 
 # %% ../nbs/11b_compare.ipynb #ba50a8b4
-def _plot(out: Path, runs: dict[str, list[Path]]):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(1, 4, figsize=(17, 3.6))
+def compare_figure(runs: dict[str, list[Path]]) -> Figure:
+    "Eval accuracy against wall time, response length, update time and trained tokens of each variant's runs"
+    fig = Figure(figsize=(17, 3.6))
+    ax = fig.subplots(1, 4)
     for i, (name, paths) in enumerate(runs.items()):
         col = f"C{i}"
         for j, p in enumerate(paths):
@@ -83,7 +84,8 @@ def _plot(out: Path, runs: dict[str, list[Path]]):
     titles = ["eval accuracy vs training wall time (s)", "response tokens vs step", "update seconds vs step", "trained tokens vs step"]
     for a, t in zip(ax, titles): a.set_title(t, fontsize=9); a.grid(alpha=.3)
     ax[0].legend(fontsize=7)
-    fig.tight_layout(); fig.savefig(out / "compare.png", dpi=80); plt.close(fig)
+    fig.tight_layout()
+    return fig
 
 def _fmt(a: dict, k: str, pct=False) -> str:
     if k not in a: return "–"
@@ -113,7 +115,7 @@ def write_report(out: Path, runs: dict[str, list[Path]], target: float | None = 
                      f"{_fmt(a, 'time_to_target_s')} | {_fmt(a, 'slot_utilization')} | {sp:.2f}x | {up:.2f}x |")
     lines += ["", "![comparison](compare.png)", ""]
     (out / "report.md").write_text("\n".join(lines))
-    _plot(out, runs)
+    compare_figure(runs).savefig(out / "compare.png", dpi=80)
     return rep
 
 def compare(base: Config, # the shared config (steps, eval size, …)

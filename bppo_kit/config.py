@@ -29,7 +29,6 @@ class ModelConfig:
     name_or_path: str = "tiny"  # a hub id, a local checkpoint folder, or "tiny": the char-level policy shipped in data/
     dtype: str = param("float32", choices=["float32", "bfloat16", "float16"])  # fp32 on CPU; bf16 on GPUs
     gradient_checkpointing: bool = False  # trade compute for memory on long responses
-    value_head: bool = False  # add a scalar value head (T-PPO's critic)
 
 @dataclass
 class DataConfig:
@@ -52,11 +51,12 @@ class RolloutConfig:
 
 @dataclass
 class AlgoConfig:
-    name: str = param("grpo", choices=["grpo", "bppo", "tppo", "ppo"])  # the algorithm object the trainer plugs in
+    name: str = "grpo"  # the algorithm the trainer plugs in: grpo, bppo, tppo, ppo, or one you register (see the core lesson)
     eps_low: float = param(0.2, gt=0, lt=1)  # lower clip of the ratio, 1 - eps_low
     eps_high: float = param(0.28, gt=0)  # upper clip, 1 + eps_high (DAPO's clip-higher)
     beta: float = param(0.0, ge=0)  # k3 KL to a frozen reference; 0 loads no reference model
     reduction: str = param("token", choices=["token", "seq", "constant"])  # token mean (DAPO), seq mean (GRPO), constant (Dr. GRPO)
+    adv_scale: str = param("group", choices=["group", "batch", "none"])  # GRPO: advantages over the group's std (GRPO), the batch's, or unscaled (Dr. GRPO)
     prefix_mode: str = param("pair_min", choices=["ratio", "pair_min", "tokens", "full"])  # BPPO: which prefix of each representative is trained
     prefix_ratio: float = param(0.5, gt=0, le=1)  # BPPO "ratio" mode: share of each response trained at step 0
     prefix_ratio_end: float = param(0.5, gt=0, le=1)  # ... growing linearly to this at the last step
@@ -149,8 +149,6 @@ def validate(cfg: Config) -> Config:
         for f in fields(part): setattr(part, f.name, _check_value(f"{sec.name}.{f.name}", f, getattr(part, f.name)))
     if cfg.rollout.engine == "vllm" and cfg.train.device == "cpu":
         raise ConfigError("rollout.engine: vllm needs a GPU, but train.device is cpu")
-    if cfg.algo.name in ("tppo", "ppo") and cfg.train.loss_kernel != "naive":
-        raise ConfigError("train.loss_kernel: T-PPO/PPO train per-token advantages; use train.loss_kernel=naive")
     if cfg.algo.dual_clip and cfg.algo.dual_clip <= 1: raise ConfigError(f"algo.dual_clip: must be > 1 or 0 (off), got {cfg.algo.dual_clip}")
     if cfg.train.loss_kernel != "naive" and cfg.algo.beta > 0:
         raise ConfigError("train.loss_kernel: the fused kernels take no KL term; use train.loss_kernel=naive with algo.beta > 0")

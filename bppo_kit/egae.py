@@ -7,7 +7,7 @@ Docs: https://bppo-kit.github.io/bppo_kit/egae.html.md"""
 # %% ../nbs/08_egae.ipynb #194acfba
 from __future__ import annotations
 import torch
-from .grpo import clipped_surrogate, masked_mean
+from .core import clipped_surrogate, masked_mean
 
 # %% auto #0
 __all__ = ['terminal_rewards', 'egae', 'mc_returns', 'adaptive_lambda', 'value_loss', 'dual_clip_surrogate', 'tppo_token_mask',

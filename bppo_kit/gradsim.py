@@ -7,8 +7,10 @@ Docs: https://bppo-kit.github.io/bppo_kit/gradsim.html.md"""
 # %% ../nbs/06_gradsim.ipynb #b48d1723
 from __future__ import annotations
 import torch
+from matplotlib.figure import Figure
 from .grpo import group_advantages
 from .policy import completion_logprobs, pack
+from .sampler import score_rollout
 
 # %% auto #0
 __all__ = ['cosine_matrix', 'label_pair_means', 'per_completion_grads', 'probe', 'plot_probe']
@@ -50,7 +52,6 @@ def per_completion_grads(model, completions: list, # `Completion`s of one or mor
 def probe(model, tok, examples: list, engine, group_size: int = 8, sampling=None,
           params: list[str] | None = None) -> dict:
     "Gradient-similarity statistics of the mixed groups of `examples`"
-    from bppo_kit.grpo import score_rollout
     cs = engine.generate([e.prompt for e in examples], group_size, sampling)
     ro = score_rollout(examples, cs, group_size, tok.eos_token_id)
     adv = group_advantages(ro.rewards)
@@ -71,12 +72,11 @@ def probe(model, tok, examples: list, engine, group_size: int = 8, sampling=None
                 ii_cos=mean(pairs["ii"]), ci_cos=mean(pairs["ci"]), n_groups=len(groups), n_prompts=len(examples),
                 group_size=group_size, pairs=pairs, groups=groups)
 
-def plot_probe(res: dict, out) -> None:
-    "A heatmap of the first mixed group's cosines and a histogram of cosines by pair type, into one PNG"
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(1, 2, figsize=(10, 3.8))
+def plot_probe(res: dict, # a `probe` result
+               out=None) -> Figure: # also save it to this PNG
+    "A heatmap of the first mixed group's cosines and a histogram of cosines by pair type (a Figure; no pyplot)"
+    fig = Figure(figsize=(10, 3.8))
+    ax = fig.subplots(1, 2)
     if res["groups"]:
         g = res["groups"][0]
         order = sorted(range(len(g["correct"])), key=lambda j: (not g["correct"][j], g["lengths"][j]))
@@ -86,4 +86,6 @@ def plot_probe(res: dict, out) -> None:
     for k, lab in (("cc", "correct–correct"), ("ii", "incorrect–incorrect"), ("ci", "correct–incorrect")):
         if res["pairs"][k]: ax[1].hist(res["pairs"][k], bins=30, range=(-1, 1), alpha=0.5, label=lab)
     ax[1].legend(fontsize=8); ax[1].set_title(f"gradient cosines, {res['n_groups']} mixed groups", fontsize=9)
-    fig.tight_layout(); fig.savefig(out, dpi=80); plt.close(fig)
+    fig.tight_layout()
+    if out is not None: fig.savefig(out, dpi=80)
+    return fig

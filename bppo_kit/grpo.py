@@ -1,4 +1,4 @@
-"""Group-normalized advantages, the clipped surrogate with clip-higher, a k3 KL, and the three loss reductions.
+"""Group-normalized advantages, the three loss reductions, the GRPO loss of a batch, and the baseline algorithm object.
 
 Docs: https://bppo-kit.github.io/bppo_kit/grpo.html.md"""
 
@@ -6,16 +6,11 @@ Docs: https://bppo-kit.github.io/bppo_kit/grpo.html.md"""
 
 # %% ../nbs/05_grpo.ipynb #b17afe28
 from __future__ import annotations
-from dataclasses import dataclass
 import torch
-from .config import Config
-from .data import Example
-from .evaluate import grade, response_tokens
-from .rollout import Completion
+from .core import Algorithm, Rollout, TrainItem, clipped_surrogate, k3_kl, masked_mean, register
 
 # %% auto #0
-__all__ = ['group_advantages', 'zero_signal_frac', 'masked_mean', 'reduce_loss', 'token_weights', 'clipped_surrogate', 'k3_kl',
-           'entropy_from_logits', 'grpo_loss', 'Rollout', 'score_rollout', 'TrainItem', 'GRPO']
+__all__ = ['group_advantages', 'zero_signal_frac', 'reduce_loss', 'token_weights', 'grpo_loss', 'GRPO']
 
 # %% ../nbs/05_grpo.ipynb #13614cb4
 def group_advantages(rewards: torch.Tensor, # [B, G] one reward per completion, groups in rows
@@ -37,11 +32,6 @@ def zero_signal_frac(rewards: torch.Tensor, eps: float = 1e-6) -> float:
     return (rewards.float().std(1, unbiased=False) <= eps).float().mean().item()
 
 # %% ../nbs/05_grpo.ipynb #d259983d
-def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim=None) -> torch.Tensor:
-    "Mean of `x` where `mask` is true (0 where the mask is empty)"
-    m = mask.to(x.dtype)
-    return (x * m).sum(dim) / m.sum(dim).clamp(min=1)
-
 def reduce_loss(tok_loss: torch.Tensor, # [B, T] per-token losses
                 mask: torch.Tensor, # [B, T] which tokens count
                 reduction: str = "token", # "token" | "seq" | "constant"
@@ -67,25 +57,6 @@ def token_weights(mask: torch.Tensor, # [B, T] trained tokens of (a micro-batch 
     if reduction == "constant": return m / (max(n_seqs, 1) * max_len)
     raise ValueError(f"reduction must be 'token', 'seq' or 'constant', got {reduction!r}")
 
-# %% ../nbs/05_grpo.ipynb #22e5ee25
-def clipped_surrogate(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, # [B, T] each (adv broadcastable)
-                      eps_low: float = 0.2, eps_high: float = 0.28) -> tuple[torch.Tensor, torch.Tensor]:
-    "Per-token PPO loss [B, T] and a bool [B, T] of tokens where clipping removed the gradient"
-    ratio = torch.exp(logp - old_logp)
-    un, cl = ratio * adv, ratio.clamp(1 - eps_low, 1 + eps_high) * adv
-    return -torch.minimum(un, cl), cl < un
-
-# %% ../nbs/05_grpo.ipynb #bdf443ff
-def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
-    "Per-token k3 estimate of KL(policy || reference)"
-    d = ref_logp - logp
-    return torch.exp(d) - d - 1
-
-def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
-    "Entropy of softmax(`logits`) over the last dim, in float32"
-    lp = torch.log_softmax(logits.float(), -1)
-    return -(lp.exp() * lp).sum(-1)
-
 # %% ../nbs/05_grpo.ipynb #cc72e80b
 def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, # [N, T] current and sampling log-probs of completion tokens
               adv: torch.Tensor, # [N] one advantage per sequence
@@ -100,44 +71,13 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, # [N, T] current and s
         m = dict(clip_frac=masked_mean(clipped.float(), mask).item(), kl=masked_mean(kl, mask).item())
     return loss, m
 
-# %% ../nbs/05_grpo.ipynb #3b9835f1
-@dataclass
-class Rollout:
-    examples: list[Example]
-    completions: list[Completion]  # B*G, grouped by example
-    rewards: torch.Tensor  # [B, G]
-    correct: torch.Tensor  # [B, G] bool
-    lengths: torch.Tensor  # [B, G] response tokens (EOS not counted)
-    valid: torch.Tensor | None = None  # [B, G] bool: False for completions cancelled by a scheduler (no reward known)
-
-def score_rollout(examples: list[Example], completions: list[Completion], group_size: int, eos_id) -> Rollout:
-    "Grade every completion of a step (a cancelled one scores 0 and is marked invalid)"
-    sc = grade(examples, completions)
-    shape = (len(examples), group_size)
-    valid = torch.tensor([c.finish_reason != "cancelled" for c in completions]).view(shape)
-    return Rollout(examples, completions, torch.tensor([s.reward for s in sc]).view(shape) * valid,
-                   torch.tensor([s.correct for s in sc]).view(shape) & valid,
-                   torch.tensor([response_tokens(c, eos_id) for c in completions]).view(shape), valid)
-
-# %% ../nbs/05_grpo.ipynb #8f966745
-@dataclass
-class TrainItem:
-    prompt_ids: list[int]
-    completion_ids: list[int]
-    advantage: float
-    n_train: int  # the first n_train completion tokens carry loss
-    start: int = 0  # ... from this one on (T-PPO trains only the tokens of the latest window)
-    token_adv: list[float] | None = None  # per-token advantages for tokens start…n_train-1 (T-PPO); None = `advantage` everywhere
-
 # %% ../nbs/05_grpo.ipynb #81cba341
-class GRPO:
-    "The baseline: train every completion of every group"
-    name = "grpo"
-    def __init__(self, cfg: Config): self.cfg = cfg
-
+@register("grpo")
+class GRPO(Algorithm):
+    "The baseline: train every completion of every group on all its tokens"
     def prepare(self, r: Rollout, step: int = 0) -> tuple[list[TrainItem], dict]:
         "Train items and metrics for a scored rollout"
-        adv = group_advantages(r.rewards, "group")
+        adv = group_advantages(r.rewards, self.cfg.algo.adv_scale)
         items = [TrainItem(c.prompt_ids, c.completion_ids, adv.flatten()[i].item(), c.n_tokens)
                  for i, c in enumerate(r.completions)]
         return items, dict(frac_zero_std_groups=zero_signal_frac(r.rewards), selected_sequences=len(items))

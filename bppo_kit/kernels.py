@@ -8,7 +8,7 @@ Docs: https://bppo-kit.github.io/bppo_kit/kernels.html.md"""
 from __future__ import annotations
 import importlib.util, json, os, subprocess, sys
 import torch
-from .grpo import clipped_surrogate, k3_kl, masked_mean
+from .core import clipped_surrogate, k3_kl, masked_mean
 
 # %% auto #0
 __all__ = ['TRITON_DTYPES', 'IMPLS', 'naive_logp', 'naive_prefix_loss', 'streaming_lse', 'token_terms', 'logits_grad_tile',

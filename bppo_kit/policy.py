@@ -1,4 +1,4 @@
-"""Load any causal LM and its tokenizer, or the kit's tiny character-level Qwen2; per-token log-probs of completions; a value head.
+"""Load any causal LM and its tokenizer, or the kit's tiny character-level Qwen2; per-token log-probs of completions.
 
 Docs: https://bppo-kit.github.io/bppo_kit/policy.html.md"""
 
@@ -9,7 +9,6 @@ from __future__ import annotations
 import json, string
 from pathlib import Path
 import torch
-import torch.nn as nn
 from tokenizers import Tokenizer, Regex, decoders, models, pre_tokenizers
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast, Qwen2Config
 from .config import data_dir
@@ -17,7 +16,7 @@ from .data import DataError
 
 # %% auto #0
 __all__ = ['CHARS', 'SPECIALS', 'DTYPES', 'char_tokenizer', 'tiny_config', 'load_tokenizer', 'resolve_policy_path', 'load_policy',
-           'pack', 'token_logprobs', 'completion_logprobs', 'ValueHead']
+           'pack', 'token_logprobs', 'completion_logprobs']
 
 # %% ../nbs/03_policy.ipynb #3b5f0132
 CHARS = string.digits + string.ascii_letters + " +-*/()=#.,:;?!'\n$\\{}^_<>[]%&|~\"@`"
@@ -105,12 +104,3 @@ def completion_logprobs(model, batch: dict, # a `pack` result
     logits = out.logits[:, P - 1:-1] / temperature
     lp = token_logprobs(logits, batch["input_ids"][:, P:]) * batch["completion_mask"][:, P:]
     return (lp, out.hidden_states[-1][:, P - 1:-1]) if return_hidden else lp
-
-# %% ../nbs/03_policy.ipynb #c3591509
-class ValueHead(nn.Module):
-    "A scalar value per position from hidden states [B, T, H] -> [B, T]"
-    def __init__(self, hidden_size: int):
-        super().__init__()
-        self.proj = nn.Linear(hidden_size, 1)
-        nn.init.zeros_(self.proj.weight); nn.init.zeros_(self.proj.bias)  # start at V = 0: no initial bias
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor: return self.proj(hidden.float()).squeeze(-1)

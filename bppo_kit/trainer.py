@@ -6,235 +6,85 @@ Docs: https://bppo-kit.github.io/bppo_kit/trainer.html.md"""
 
 # %% ../nbs/11_trainer.ipynb #e962ff92
 from __future__ import annotations
-import json, math, random, shutil, signal, threading, time
-from dataclasses import replace
-from pathlib import Path
+import random, signal, threading, time
+from dataclasses import dataclass
 import numpy as np
 import torch
 from tqdm.auto import tqdm
-from .config import Config, ConfigError, save_config
-from .data import Example, load_synthetic_eval, load_task, style_of, synthetic_example, synthetic_stream
+from .config import Config, ConfigError
+from .core import Algorithm, SamplingParams, algorithm_class, make_algorithm
 from .evaluate import eval_examples, evaluate
-from .bppo import BPPO
-from .egae import dual_clip_surrogate
-from .grpo import GRPO, Rollout, TrainItem, clipped_surrogate, entropy_from_logits, k3_kl, score_rollout, token_weights
-from .policy import load_policy, pack, token_logprobs
-from .rollout import HFEngine, KitEngine, SamplingParams
-from .batching import TPPO
+from .policy import load_policy
+from .runs import (RunDir, append_jsonl, load_trainer_state, open_run, read_jsonl_rows, save_checkpoint, set_rng_state,
+                           truncate_metrics)
+from .sampler import Sampler, make_engine, step_seed
+from .update import update
+import bppo_kit.bppo, bppo_kit.grpo, bppo_kit.tppo  # noqa: F401 -- the built-in algorithms register themselves
 
 # %% auto #0
-__all__ = ['ALGORITHMS', 'PromptSource', 'make_algorithm', 'make_engine', 'forward_logprobs', 'kernel_loss', 'update',
-           'save_checkpoint', 'load_trainer_state', 'truncate_metrics', 'rollout_metrics', 'refill_groups', 'train',
-           'read_jsonl_rows', 'plot_run']
+__all__ = ['lr_at', 'device_of', 'Session', 'setup', 'train_step', 'evaluate_step', 'train']
 
-# %% ../nbs/11_trainer.ipynb #522b7114
-class PromptSource:
-    "The prompts of each step, a pure function of (seed, step)"
-    def __init__(self, cfg: Config):
-        self.cfg, self.n = cfg, cfg.train.prompts_per_step
-        d = cfg.data
-        self.examples = None if d.task == "synthetic" else load_task(d.task, "train", d.path or None)
-        self.held = {e.meta["expr"] for e in load_synthetic_eval(d.eval_path or None)} if d.task == "synthetic" else set()
-
-    def __call__(self, step: int) -> list[Example]:
-        seed = self.cfg.data.seed
-        if self.examples is None:
-            s = synthetic_stream(seed * 1_000_003 + step, self.held)
-            return [synthetic_example(next(s)) for _ in range(self.n)]
-        per_epoch = max(1, len(self.examples) // self.n)
-        epoch, k = divmod(step, per_epoch)
-        order = list(range(len(self.examples))); random.Random(seed * 1_000_003 + epoch).shuffle(order)
-        return [self.examples[i] for i in order[k * self.n:(k + 1) * self.n]]
-
-    def extra(self, step: int, round_: int, n: int) -> list[Example]:
-        "`n` more prompts for step `step` (resampling round `round_` >= 1): fresh problems, or a seeded draw of the data"
-        seed = self.cfg.data.seed * 1_000_003 + step + 7_919 * round_ * 1_000_003
-        if self.examples is None:
-            s = synthetic_stream(seed, self.held)
-            return [synthetic_example(next(s)) for _ in range(n)]
-        return random.Random(seed).sample(self.examples, min(n, len(self.examples)))
-
-# %% ../nbs/11_trainer.ipynb #1d3aa80c
-ALGORITHMS = {"grpo": GRPO, "bppo": BPPO, "tppo": TPPO, "ppo": TPPO}
-
-def make_algorithm(cfg: Config, model):
-    "The algorithm object `cfg.algo.name` names (T-PPO and PPO also build their value model from `model`)"
-    cls = ALGORITHMS[cfg.algo.name]
-    return cls(cfg, model) if cls is TPPO else cls(cfg)
-
-def make_engine(cfg: Config, model, tok, progress: bool = False):
-    "The rollout engine `cfg.rollout.engine` names, over `model`"
-    r = cfg.rollout
-    if r.engine == "hf": return HFEngine(model, tok, progress=progress)
-    if r.engine == "kit": return KitEngine(model, tok, max_slots=r.max_slots, progress=progress)
-    import bppo_kit.rollout as ro
-    if not hasattr(ro, "VLLMEngine"): raise ConfigError("rollout.engine: this bppo_kit has no VLLMEngine; use rollout.engine=kit")
-    from bppo_kit.policy import resolve_policy_path
-    return ro.VLLMEngine(model, tok, resolve_policy_path(cfg.model.name_or_path))
-
-# %% ../nbs/11_trainer.ipynb #ec15c6ed
-def forward_logprobs(model, batch: dict, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
-    "Log-probs [B, C] of a packed batch's completion tokens at the sampling `temperature`, and their entropies (detached)"
-    P = batch["prompt_len"]
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                   position_ids=batch["position_ids"], use_cache=False).logits[:, P - 1:-1] / temperature
-    lp = token_logprobs(logits, batch["input_ids"][:, P:])
-    with torch.no_grad(): ent = entropy_from_logits(logits)
-    return lp, ent
-
-# %% ../nbs/11_trainer.ipynb #35381cbc
-def kernel_loss(model, b: dict, m: torch.Tensor, adv: torch.Tensor, w: torch.Tensor, old: torch.Tensor | None,
-                cfg: Config) -> tuple[torch.Tensor, torch.Tensor]:
-    "Σ w·(clipped surrogate) of a micro-batch via `prefix_policy_loss`, and the clipped flags [B, C]"
-    from bppo_kit.kernels import prefix_policy_loss
-    P = b["prompt_len"]
-    h = model.get_decoder()(input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"],
-                            use_cache=False).last_hidden_state[:, P - 1:-1] / cfg.rollout.temperature  # logits / T
-    H, W = h.shape[-1], model.get_output_embeddings().weight
-    hf, tgt, mf = h.reshape(-1, H), b["input_ids"][:, P:].reshape(-1), m.reshape(-1)
-    kw = dict(impl=cfg.train.loss_kernel, return_stats=True)
-    if old is None:
-        with torch.no_grad(): old = prefix_policy_loss(hf.detach(), W.detach(), tgt, torch.zeros_like(mf, dtype=torch.float32),
-                                                       torch.zeros_like(mf, dtype=torch.float32), mf, **kw)[1]["logp"].view_as(m)
-    A = (adv * w * m.sum()).reshape(-1)  # the reduction's weights, folded into the (per-token) advantages
-    loss, st = prefix_policy_loss(hf, W, tgt, old.reshape(-1).float(), A, mf, cfg.algo.eps_low, cfg.algo.eps_high, **kw)
-    return loss, st["clipped"].view_as(m)
-
-# %% ../nbs/11_trainer.ipynb #8c591b2c
-def update(model, opt, items: list[TrainItem], cfg: Config, pad_id: int, ref_model=None) -> dict:
-    "PPO epochs over `items`; returns metrics (trained_tokens, clip_frac, kl, entropy, grad_norm, skipped)"
-    t, a = cfg.train, cfg.algo
-    dev = next(model.parameters()).device
-    T = cfg.rollout.temperature
-    kl_on = ref_model is not None and a.beta > 0
-    live = [it for it in items if it.n_train > it.start and (it.advantage != 0.0 or it.token_adv is not None or kl_on)]  # zero advantage, zero gradient (without KL)
-    n_tokens = sum(max(0, it.n_train - it.start) for it in items)
-    n_seqs = sum(it.n_train > it.start for it in items)
-    mets = dict(trained_tokens=0, clip_frac=0.0, kl=0.0, entropy=0.0, grad_norm=0.0, skipped=0, loss=0.0)
-    if not live: return mets
-    mbs = [live[i:i + t.micro_batch] for i in range(0, len(live), t.micro_batch)]
-    def batch_of(mb):
-        b = pack([it.prompt_ids for it in mb], [it.completion_ids for it in mb], pad_id, dev)
-        C = b["input_ids"].shape[1] - b["prompt_len"]
-        m = torch.zeros(len(mb), C, dtype=torch.bool, device=dev)
-        adv = torch.tensor([it.advantage for it in mb], device=dev)[:, None].expand(len(mb), C).clone()
-        for j, it in enumerate(mb):
-            m[j, it.start:it.n_train] = True
-            if it.token_adv is not None: adv[j, it.start:it.n_train] = torch.tensor(it.token_adv, device=dev)
-        return b, m, adv
-    old = None
-    if t.mu > 1:
-        with torch.no_grad(): old = [forward_logprobs(model, batch_of(mb)[0], T)[0] for mb in mbs]
-    ref = None
-    if kl_on:
-        with torch.no_grad(): ref = [forward_logprobs(ref_model, batch_of(mb)[0], T)[0] for mb in mbs]
-    model.train()
-    for epoch in range(t.mu):
-        opt.zero_grad(set_to_none=True)
-        tot = dict(loss=0.0, clip=0.0, kl=0.0, ent=0.0, tok=0)
-        for k, mb in enumerate(mbs):
-            b, m, adv = batch_of(mb)
-            w = token_weights(m, a.reduction, n_seqs, n_tokens, cfg.rollout.max_new_tokens)
-            if t.loss_kernel == "naive":
-                lp, ent = forward_logprobs(model, b, T)
-                o = old[k] if old is not None else lp.detach()
-                if a.name in ("tppo", "ppo") and a.dual_clip: tl, clipped = dual_clip_surrogate(lp, o, adv, a.eps_low, a.eps_high, a.dual_clip)
-                else: tl, clipped = clipped_surrogate(lp, o, adv, a.eps_low, a.eps_high)
-                kl = k3_kl(lp, ref[k]) if ref is not None else torch.zeros_like(lp)
-                loss = ((tl + a.beta * kl) * w).sum()
-                kl, ent = kl.detach(), (ent * m).sum().item()
-            else:
-                loss, clipped = kernel_loss(model, b, m, adv, w, old[k] if old is not None else None, cfg)
-                kl, ent = torch.zeros_like(w), float("nan")
-            loss.backward()
-            mf = m.float()
-            tot["loss"] += loss.item(); tot["tok"] += int(mf.sum())
-            tot["clip"] += (clipped.float() * mf).sum().item(); tot["kl"] += (kl * mf).sum().item(); tot["ent"] += ent
-        gn = torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
-        if not (math.isfinite(tot["loss"]) and torch.isfinite(gn)):
-            opt.zero_grad(set_to_none=True); mets["skipped"] += 1
-        else: opt.step()
-        mets["trained_tokens"] += tot["tok"]
-        ent = tot["ent"] / max(tot["tok"], 1)
-        mets.update(loss=tot["loss"], grad_norm=gn.item(), clip_frac=tot["clip"] / max(tot["tok"], 1),
-                    kl=tot["kl"] / max(tot["tok"], 1), entropy=ent if math.isfinite(ent) else None)
-    model.eval()
-    return mets
-
-# %% ../nbs/11_trainer.ipynb #4a8b7cf5
-def _rng_state() -> dict:
-    st = np.random.get_state()
-    return dict(python=random.getstate(), numpy=[st[0], st[1].tolist(), st[2], st[3], st[4]], torch=torch.get_rng_state())
-
-def _set_rng_state(s: dict):
-    random.setstate(tuple(x if not isinstance(x, list) else tuple(x) for x in s["python"]))
-    n = s["numpy"]; np.random.set_state((n[0], np.array(n[1], dtype=np.uint32), n[2], n[3], n[4]))
-    torch.set_rng_state(s["torch"])
-
-def save_checkpoint(run_dir: Path, model, tok, opt, step: int, algo_state: dict | None = None) -> Path:
-    "Atomically write `run_dir/checkpoint` for the state after `step` steps (with the algorithm's own state, if any)"
-    final, tmp = Path(run_dir) / "checkpoint", Path(run_dir) / "checkpoint.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp); tok.save_pretrained(tmp)
-    torch.save(dict(step=step, optimizer=opt.state_dict(), rng=_rng_state(), algo=algo_state), tmp / "trainer_state.pt")
-    old = Path(run_dir) / "checkpoint.old"
-    shutil.rmtree(old, ignore_errors=True)
-    if final.exists(): final.rename(old)
-    tmp.rename(final)
-    shutil.rmtree(old, ignore_errors=True)
-    return final
-
-def load_trainer_state(ckpt: Path) -> dict:
-    "The optimizer state, step and RNG states of a checkpoint (tensors and plain types only)"
-    return torch.load(Path(ckpt) / "trainer_state.pt", weights_only=True)
-
-# %% ../nbs/11_trainer.ipynb #4ab2d1ff
-def truncate_metrics(path: Path, keep_below: int):
-    "Keep only metric lines with step < `keep_below`"
-    if not path.exists(): return
-    rows = [l for l in path.read_text().splitlines() if l.strip() and json.loads(l).get("step", -1) < keep_below]
-    path.write_text("".join(l + "\n" for l in rows))
-
-def rollout_metrics(r: Rollout) -> dict:
-    "Reward, accuracy and length statistics of a scored rollout"
-    live = r.valid.flatten() if r.valid is not None else torch.ones(r.rewards.numel(), dtype=torch.bool)  # not cancelled
-    ok, n, rw = r.correct.flatten()[live], r.lengths.flatten().float()[live], r.rewards.flatten()[live]
-    mean = lambda x: x.float().mean().item() if x.numel() else None
-    out = dict(reward_mean=mean(rw), reward_std=rw.std(unbiased=False).item() if rw.numel() else None,
-               accuracy=mean(ok), response_tokens_mean=mean(n),
-               response_tokens_correct=mean(n[ok]), response_tokens_incorrect=mean(n[~ok]),
-               generated_tokens=sum(c.n_tokens for c in r.completions), cancelled_frac=1 - mean(live))
-    if all(e.task == "synthetic" for e in r.examples):  # the synthetic task's two styles, by its own rule
-        v = torch.tensor([style_of(c.text) == "verbose" for c, l in zip(r.completions, live.tolist()) if l], dtype=torch.bool)
-        out.update(verbose_frac=mean(v), accuracy_verbose=mean(ok[v]), accuracy_concise=mean(ok[~v]))
-    return out
-
-# %% ../nbs/11_trainer.ipynb #99eaabf6
-def refill_groups(ro: Rollout, extra: Rollout) -> tuple[Rollout, int]:
-    "Replace the zero-signal groups of `ro` (all rewards equal) by `extra`'s groups that carry signal; how many were replaced"
-    G = ro.rewards.shape[1]
-    dead = [b for b in range(len(ro.examples)) if ro.rewards[b].std(unbiased=False) <= 1e-6]
-    live = [j for j in range(len(extra.examples)) if extra.rewards[j].std(unbiased=False) > 1e-6]
-    ex, cs = list(ro.examples), list(ro.completions)
-    rw, ok, ln = ro.rewards.clone(), ro.correct.clone(), ro.lengths.clone()
-    va = ro.valid.clone() if ro.valid is not None else None
-    for b, j in zip(dead, live):
-        ex[b] = extra.examples[j]
-        cs[b * G:(b + 1) * G] = [replace(c, prompt_index=b) for c in extra.completions[j * G:(j + 1) * G]]
-        rw[b], ok[b], ln[b] = extra.rewards[j], extra.correct[j], extra.lengths[j]
-        if va is not None: va[b] = extra.valid[j] if extra.valid is not None else True
-    return Rollout(ex, cs, rw, ok, ln, va), min(len(dead), len(live))
+# %% ../nbs/11_trainer.ipynb #ef0a4107
+def lr_at(step: int, lr: float, warmup_steps: int = 0) -> float:
+    "The learning rate of step `step`: linear warmup over `warmup_steps`, then constant"
+    return lr * min(1.0, (step + 1) / warmup_steps) if warmup_steps else lr
 
 # %% ../nbs/11_trainer.ipynb #ca01efd1
-def _device(cfg: Config) -> str:
+def device_of(cfg: Config) -> str:
+    "The device `train.device` names (auto: CUDA when there is one)"
     return ("cuda" if torch.cuda.is_available() else "cpu") if cfg.train.device == "auto" else cfg.train.device
 
-def _eval(model, tok, cfg, examples, step, progress=False, engine=None) -> dict:
+@dataclass
+class Session:
+    "What a run holds while it trains"
+    model: object; tok: object; opt: torch.optim.Optimizer; ref: object; algo: Algorithm; engine: object; sampler: Sampler
+    start: int = 0  # the first step this call trains (the checkpoint's step when resuming)
+
+    def save(self, run: RunDir, step: int):
+        "Checkpoint the state after `step` steps"
+        save_checkpoint(run.root, self.model, self.tok, self.opt, step, self.algo.state_dict())
+
+def setup(cfg: Config, run: RunDir, resume: bool = False) -> Session:
+    "Seed, load the policy (from the run's checkpoint when resuming), and build optimizer, reference, algorithm, engine"
+    t, dev = cfg.train, device_of(cfg)
+    torch.manual_seed(t.seed); random.seed(t.seed); np.random.seed(t.seed)
+    state = load_trainer_state(run.checkpoint) if resume and run.state.exists() else None
+    model, tok = load_policy(str(run.checkpoint) if state else cfg.model.name_or_path, cfg.model.dtype, dev)
+    ctx = getattr(model.config, "max_position_embeddings", None)
+    if ctx and cfg.rollout.max_new_tokens >= ctx:
+        raise ConfigError(f"rollout.max_new_tokens: {cfg.rollout.max_new_tokens} does not fit the model's context of {ctx}")
+    if cfg.model.gradient_checkpointing: model.gradient_checkpointing_enable()
+    opt = torch.optim.AdamW(model.parameters(), lr=t.lr, betas=(0.9, 0.99), weight_decay=0.0)
+    if state is not None: opt.load_state_dict(state["optimizer"]); set_rng_state(state["rng"])
+    ref = load_policy(cfg.model.name_or_path, cfg.model.dtype, dev)[0] if cfg.algo.beta > 0 else None
+    algo = make_algorithm(cfg, model)
+    if state is not None and state.get("algo") is not None: algo.load_state_dict(state["algo"])
+    engine = make_engine(cfg, model, tok)
+    return Session(model, tok, opt, ref, algo, engine, Sampler(cfg, engine, tok), state["step"] if state else 0)
+
+# %% ../nbs/11_trainer.ipynb #05c56d7c
+def train_step(cfg: Config, s: Session, step: int) -> dict:
+    "One step of training: collect → update → after the update; the step's metrics row"
+    t0 = time.time()
+    for g in s.opt.param_groups: g["lr"] = lr_at(step, cfg.train.lr, cfg.train.warmup_steps)
+    # rollout → reward → advantages: the algorithm's train items for this step (GRPO/BPPO: graded groups; T-PPO: a window)
+    items, collected = s.algo.collect(step, s.sampler)
+    t1, reward_s = time.time(), s.sampler.take_reward_seconds()
+    # update: the policy's PPO epochs with the algorithm's surrogate, then the algorithm's own work (T-PPO's critic)
+    um = update(s.model, s.opt, items, cfg, s.tok.pad_token_id, s.ref, s.algo.surrogate)
+    um.update(s.algo.after_update(s.tok.pad_token_id))
+    if hasattr(s.engine, "sync_weights"): s.engine.sync_weights(s.model)  # vLLM holds its own copy of the weights
+    t2 = time.time()
+    return dict(step=step, wall_s=round(t2 - t0, 4), rollout_s=round(t1 - t0 - reward_s, 4), reward_s=round(reward_s, 4),
+                update_s=round(t2 - t1, 4), lr=s.opt.param_groups[0]["lr"], **collected, **um)
+
+# %% ../nbs/11_trainer.ipynb #15ac4417
+def evaluate_step(cfg: Config, s: Session, examples: list, step: int, progress: bool = False) -> dict:
+    "The policy's evaluation on `examples` after `step` steps (the run's fixed eval seed), as an `eval.jsonl` row"
     r = cfg.rollout
-    res = evaluate(model, tok, examples, samples=cfg.rollout.group_size, progress=progress, engine=engine,
-                   sampling=SamplingParams(r.temperature, r.top_p, r.top_k, r.max_new_tokens, seed=cfg.train.seed + 7,
-                                           logprobs=False))
-    return dict(step=step, **res)
+    sp = SamplingParams(r.temperature, r.top_p, r.top_k, r.max_new_tokens, seed=step_seed(cfg.train.seed, stream="eval"),
+                        logprobs=False)
+    return dict(step=step, **evaluate(s.model, s.tok, examples, samples=r.group_size, progress=progress, engine=s.engine, sampling=sp))
 
 def _stop_on_signals():
     "Ask the loop to stop at the next step boundary on SIGINT/SIGTERM; returns (flag, restore)"
@@ -257,130 +107,34 @@ def train(cfg: Config, # the validated config
           stop_event: threading.Event | None = None) -> dict: # set it (e.g. from a widget's Stop button) to stop after this step
     "Run RL training; returns a summary with the first and last evaluation"
     t = cfg.train
-    if cfg.algo.name not in ALGORITHMS:
-        raise ConfigError(f"algo.name: {cfg.algo.name!r} is not implemented yet; available: {', '.join(ALGORITHMS)}")
-    run = Path(t.out)
-    ckpt, metrics_path, eval_path = run / "checkpoint", run / "metrics.jsonl", run / "eval.jsonl"
-    if resume and not ckpt.exists() and (run / "checkpoint.old").exists(): (run / "checkpoint.old").rename(ckpt)  # killed mid-swap
-    if not resume and not overwrite and (metrics_path.exists() or ckpt.exists()):
-        raise ConfigError(f"train.out: {run} already holds a run; continue it with --resume or replace it with --overwrite")
-    if resume and not (ckpt / "trainer_state.pt").exists():
-        print(f"no checkpoint in {run}: starting from step 0", flush=True)
-    if overwrite and not resume:
-        for p in (metrics_path, eval_path): p.unlink(missing_ok=True)
-        shutil.rmtree(ckpt, ignore_errors=True)
-    run.mkdir(parents=True, exist_ok=True)
-    save_config(cfg, run / "config.yaml")
-    torch.manual_seed(t.seed); random.seed(t.seed); np.random.seed(t.seed)
-    dev = _device(cfg)
-    start, state = 0, None
-    if resume and (ckpt / "trainer_state.pt").exists():
-        model, tok = load_policy(str(ckpt), cfg.model.dtype, dev)
-        state = load_trainer_state(ckpt); start = state["step"]
-    else: model, tok = load_policy(cfg.model.name_or_path, cfg.model.dtype, dev)
-    ctx = getattr(model.config, "max_position_embeddings", None)
-    if ctx and cfg.rollout.max_new_tokens >= ctx:
-        raise ConfigError(f"rollout.max_new_tokens: {cfg.rollout.max_new_tokens} does not fit the model's context of {ctx}")
-    if cfg.model.gradient_checkpointing: model.gradient_checkpointing_enable()
-    opt = torch.optim.AdamW(model.parameters(), lr=t.lr, betas=(0.9, 0.99), weight_decay=0.0)
-    if state is not None: opt.load_state_dict(state["optimizer"]); _set_rng_state(state["rng"])
-    ref = load_policy(cfg.model.name_or_path, cfg.model.dtype, dev)[0] if cfg.algo.beta > 0 else None
-    algo = make_algorithm(cfg, model)
-    if state is not None and state.get("algo") is not None: algo.load_state_dict(state["algo"])
-    engine = make_engine(cfg, model, tok)
-    algo_state = (lambda: algo.state_dict()) if hasattr(algo, "state_dict") else (lambda: None)
-    prompts = PromptSource(cfg)
-    truncate_metrics(metrics_path, start); truncate_metrics(eval_path, start + 1 if start else 0)
-    eval_set = eval_examples(cfg)
-    end = t.steps if stop_after is None else min(t.steps, start + stop_after)
-    evals = read_jsonl_rows(eval_path)
+    algorithm_class(cfg.algo.name).check(cfg)  # an unknown algorithm, or a config it cannot run, fails before anything loads
+    run = open_run(cfg, resume, overwrite)
+    s = setup(cfg, run, resume)
+    truncate_metrics(run.metrics, s.start); truncate_metrics(run.evals, s.start + 1 if s.start else 0)  # rows after the checkpoint
+    eval_set, evals = eval_examples(cfg), read_jsonl_rows(run.evals)
+    def log(path, kind, row):
+        append_jsonl(path, row)
+        if on_log: on_log(kind, row)
     def log_eval(step):
-        evals.append(_eval(model, tok, cfg, eval_set, step, progress, engine))
-        with open(eval_path, "a") as f: f.write(json.dumps(evals[-1]) + "\n")
-        if on_log: on_log("eval", evals[-1])
-    if evaluate_every and start == 0 and not evals: log_eval(0)
+        evals.append(evaluate_step(cfg, s, eval_set, step, progress)); log(run.evals, "eval", evals[-1])
+    if evaluate_every and s.start == 0 and not evals: log_eval(0)
     flag, restore = _stop_on_signals()
-    bar = tqdm(range(start, end), desc=f"{cfg.algo.name}", disable=not progress, initial=start, total=t.steps)
-    done, t_run = start, time.time()
+    end = t.steps if stop_after is None else min(t.steps, s.start + stop_after)
+    bar = tqdm(range(s.start, end), desc=f"{cfg.algo.name}", disable=not progress, initial=s.start, total=t.steps)
+    done, t_run = s.start, time.time()
     try:
         for step in bar:
-            t0 = time.time()
-            for g in opt.param_groups: g["lr"] = t.lr * min(1.0, (step + 1) / t.warmup_steps) if t.warmup_steps else t.lr
-            # rollout
-            r = cfg.rollout
-            sp = SamplingParams(r.temperature, r.top_p, r.top_k, r.max_new_tokens, seed=t.seed * 1_000_003 + step, logprobs=False)
-            if isinstance(algo, TPPO):  # T-PPO / PPO: one window for a full batch from the sample pool, graded inside
-                items, rm = algo.collect(step, engine, prompts, tok, sp)
-                t1 = t2 = time.time(); am = {}
-            else:
-                ex = prompts(step)
-                sched = algo.scheduler(ex) if hasattr(algo, "scheduler") else None  # BPPO's adaptive completion scheduling
-                if sched is not None and not isinstance(engine, KitEngine):
-                    raise ConfigError("algo.schedule: early_stop cancels requests mid-generation; use rollout.engine=kit")
-                cs = engine.generate([e.prompt for e in ex], r.group_size, sp, **({"on_finish": sched} if sched else {}))
-                t1 = time.time()
-                # reward
-                ro = score_rollout(ex, cs, r.group_size, tok.eos_token_id)
-                refilled = 0
-                for k in range(1, cfg.algo.resample + 1):  # DAPO-style: swap zero-signal groups for fresh ones that carry signal
-                    n_dead = int((ro.rewards.std(1, unbiased=False) <= 1e-6).sum())
-                    if not n_dead: break
-                    ex2 = prompts.extra(step, k, n_dead)
-                    cs2 = engine.generate([e.prompt for e in ex2], r.group_size, replace(sp, seed=sp.seed + 104_729 * k))
-                    ro, got = refill_groups(ro, score_rollout(ex2, cs2, r.group_size, tok.eos_token_id)); refilled += got
-                rm = rollout_metrics(ro)
-                if cfg.algo.resample: rm["refilled_groups"] = refilled
-                t2 = time.time()
-                # advantages: the algorithm picks sequences and tokens
-                items, am = algo.prepare(ro, step)
-            # update
-            um = update(model, opt, items, cfg, tok.pad_token_id, ref)
-            if isinstance(algo, TPPO): um.update(algo.after_update(tok.pad_token_id))
-            if hasattr(engine, "sync_weights"): engine.sync_weights(model)  # vLLM holds its own copy of the weights
-            t3 = time.time()
+            row = train_step(cfg, s, step)
             # log
-            row = dict(step=step, wall_s=round(t3 - t0, 4), rollout_s=round(t1 - t0, 4), reward_s=round(t2 - t1, 4),
-                       update_s=round(t3 - t2, 4), lr=opt.param_groups[0]["lr"], **rm, **am, **um)
-            with open(metrics_path, "a") as f: f.write(json.dumps(row) + "\n")
-            done = step + 1
-            if on_log: on_log("step", row)
+            log(run.metrics, "step", row); done = step + 1
             if row.get("accuracy") is not None: bar.set_postfix(acc=f"{row['accuracy']:.2f}", len=f"{row['response_tokens_mean']:.0f}")
             # evaluate and checkpoint
             if evaluate_every and t.eval_every and done % t.eval_every == 0 and done < t.steps: log_eval(done)
-            if (t.save_every and done % t.save_every == 0) or flag["stop"]: save_checkpoint(run, model, tok, opt, done, algo_state())
+            if (t.save_every and done % t.save_every == 0) or flag["stop"]: s.save(run, done)
             if flag["stop"]: raise KeyboardInterrupt
             if stop_event is not None and stop_event.is_set(): break  # checkpointed below, like a finished run
     finally: restore()  # a second Ctrl-C leaves mid-step without saving: the weights may hold part of a step
-    if done > start or not ckpt.exists(): save_checkpoint(run, model, tok, opt, done, algo_state())
+    if done > s.start or not run.checkpoint.exists(): s.save(run, done)
     if evaluate_every and done == t.steps and not any(e["step"] == done for e in evals): log_eval(done)  # also after a crash in it
-    return dict(run_dir=str(run), steps=done, seconds=round(time.time() - t_run, 1),
+    return dict(run_dir=str(run.root), steps=done, seconds=round(time.time() - t_run, 1),
                 first_eval=evals[0] if evals else None, last_eval=evals[-1] if evals else None)
-
-# %% ../nbs/11_trainer.ipynb #340f0823
-def read_jsonl_rows(path: Path) -> list[dict]:
-    return [json.loads(l) for l in Path(path).read_text().splitlines() if l.strip()] if Path(path).exists() else []
-
-def plot_run(run_dirs, # one run folder or a list of them (overlaid)
-             out: str | Path | None = None) -> Path: # PNG path; default `<first run>/curves.png`
-    "Draw accuracy, response length and time per step of one or more runs into a PNG"
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    runs = [Path(run_dirs)] if isinstance(run_dirs, (str, Path)) else [Path(r) for r in run_dirs]
-    fig, ax = plt.subplots(1, 3, figsize=(13, 3.6))
-    for run in runs:
-        m, e = read_jsonl_rows(run / "metrics.jsonl"), read_jsonl_rows(run / "eval.jsonl")
-        if not m: raise FileNotFoundError(f"no metrics.jsonl in {run}")
-        m = [r for r in m if r.get("accuracy") is not None]  # a T-PPO step may finish no response
-        st = [r["step"] for r in m]
-        l, = ax[0].plot(st, [r["accuracy"] for r in m], alpha=0.35, label=f"{run.name} (batch)")
-        if e: ax[0].plot([r["step"] for r in e], [r["accuracy"] for r in e], "o-", color=l.get_color(), label=f"{run.name} (eval)")
-        ax[1].plot(st, [r["response_tokens_mean"] for r in m], color=l.get_color(), label=run.name)
-        ax[2].plot(st, [r["wall_s"] for r in m], color=l.get_color(), label=f"{run.name} step")
-        ax[2].plot(st, [r["update_s"] for r in m], "--", color=l.get_color(), label=f"{run.name} update")
-    for a, t in zip(ax, ["accuracy", "response tokens", "seconds per step"]): a.set_title(t); a.set_xlabel("step"); a.grid(alpha=.3)
-    ax[0].legend(fontsize=7); ax[2].legend(fontsize=7)
-    fig.tight_layout()
-    out = Path(out or runs[0] / "curves.png")
-    fig.savefig(out, dpi=80); plt.close(fig)
-    return out
