@@ -92,7 +92,7 @@ def run_trl(steps: int, work: Path) -> dict:
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
     from bppo_kit.policy import load_policy
-    from bppo_kit.trainer import PromptSource
+    from bppo_kit.sampler import PromptSource
     from bppo_kit.verifier import reward_fn
 
     warnings.filterwarnings("ignore", message=r".*checkpointing.* is deprecated", category=FutureWarning)

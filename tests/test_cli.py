@@ -9,7 +9,7 @@ def run(*args, timeout=300):
 @pytest.mark.parametrize("args,msg", [
     (["eval", "--set", "rollout.temperature=-1"], "rollout.temperature: must be > 0, got -1"),
     (["eval", "--set", "train.steps=ten"], "train.steps: expected int"),
-    (["eval", "--set", "algo.name=ppo2"], "algo.name: must be one of"),
+    (["train", "--set", "algo.name=ppo2"], "algo.name: must be one of"),
     (["eval", "--set", "nonsense"], "not of the form key=value"),
     (["eval", "--set", "data.eval_path=/no/such/eval.jsonl"], "data file not found: /no/such/eval.jsonl"),
     (["eval", "--checkpoint", "/no/such/ckpt"], "no model checkpoint at /no/such/ckpt"),

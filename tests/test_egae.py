@@ -4,7 +4,7 @@ import pytest, torch
 from hypothesis import given, settings, strategies as st
 from bppo_kit.egae import (adaptive_lambda, dual_clip_surrogate, egae, explained_variance, mc_returns, terminal_rewards,
                            tppo_token_mask, value_loss, whiten_clamp)
-from bppo_kit.grpo import clipped_surrogate
+from bppo_kit.core import clipped_surrogate
 
 F64 = torch.float64
 
