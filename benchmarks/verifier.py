@@ -6,7 +6,8 @@ Measures, each as the median of `--runs` timed runs:
 - gsm8k_fast: GSM8K-style responses (the 1,319 test reference solutions, and the same with a wrong final answer) scored
   one by one with `score` — the fast path, no worker process involved;
 - math_symbolic: MATH-style answers that the fast path cannot decide (equivalent rewrites and wrong variants of the
-  non-integer MATH500 answers, plus the symbolic rows of the kit's table), scored with `score_batch` on `--workers` processes;
+  non-integer MATH500 answers, plus the symbolic rows of the kit's tricky table), scored with `score_batch` on
+  `--workers` processes;
   before each run the workers are replaced (the fork is inside the timing) and all caches are emptied, so every pair is
   a real math-verify check with nothing remembered from earlier runs;
 - math500_mixed: the 500 MATH500 reference solutions plus 500 wrong ones, as a trainer would see them;
@@ -95,11 +96,12 @@ def main(argv=None):
 
     # GSM8K-style: the fast path, one call at a time (as the trainer calls `score`)
     gold = [r["answer"].split("####")[-1].strip() for r in gsm]
-    comps = [r["answer"] for r in gsm] + [r["answer"].rsplit("####", 1)[0] + "#### " + _bump(g) for r, g in zip(gsm, gold)]
+    comps = [r["answer"] for r in gsm] + [r["answer"].rsplit("####", 1)[0] + "#### " + _bump(g)
+                                          for r, g in zip(gsm, gold, strict=True)]
     golds = gold + gold
     expect = [True] * len(gsm) + [False] * len(gsm)
-    assert [V.score(c, g, "gsm8k").correct for c, g in zip(comps, golds)] == expect
-    med, ts = timed(lambda: [V.score(c, g, "gsm8k") for c, g in zip(comps, golds)], a.runs)
+    assert [V.score(c, g, "gsm8k").correct for c, g in zip(comps, golds, strict=True)] == expect
+    med, ts = timed(lambda: [V.score(c, g, "gsm8k") for c, g in zip(comps, golds, strict=True)], a.runs)
     res["gsm8k_fast"] = {"n": len(comps), "median_s": med, "runs_s": ts, "scores_per_s": len(comps) / med}
 
     # MATH-style symbolic: every pair reaches math-verify in a worker; the cache is cleared before each run
@@ -119,7 +121,8 @@ def main(argv=None):
     med, ts = timed(sym, a.runs)
     n_correct = sum(s.correct for s in sym())
     res["math_symbolic"] = {"n": len(pairs), "median_s": med, "runs_s": ts, "scores_per_s": len(pairs) / med,
-                            "judged_correct": n_correct, "jobs_sent": pool.jobs - jobs0, "timeouts": pool.kills - kills0}
+                            "judged_correct": n_correct, "jobs_sent": pool.jobs - jobs0,
+                            "timeouts": pool.kills - kills0}
 
     # MATH500 as a trainer sees it: reference solutions and wrong ones, mostly decided by the fast path
     mc = [r["solution"] for r in m500] + [f"so $\\boxed{{{_bump(r['answer'])}}}$" for r in m500]

@@ -1,4 +1,4 @@
-"""Turn a model's response into a reward: extract the final answer, compare it with the gold one, check the format — fast, and safely.
+"""Turn a model's response into a reward: extract the final answer, compare it with the gold one, check the format.
 
 Docs: https://bppo-kit.github.io/bppo_kit/verifier.html.md"""
 
@@ -42,12 +42,13 @@ class Score:
 # %% ../nbs/01_verifier.ipynb #0279ed65
 MAX_CHARS = 20_000  # answers sit at the end: longer responses are graded on their tail
 MAX_ANSWER = 1_000  # an extracted answer longer than this is compared as a string only, never parsed
-_INVISIBLE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u00ad\u061c\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]")
+_INVISIBLE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u00ad\u061c\u200b-\u200f"
+                        "\u2028-\u202e\u2060-\u2069\ufeff]")  # control, soft hyphen, zero-width, bidi, BOM
 
-_SPECIAL = re.compile(r"<\|[A-Za-z_]{1,30}\|>|</?s>|<eos>|<pad>")  # special tokens left in by decoding: <|im_end|>, </s>
+_SPECIAL = re.compile(r"<\|[A-Za-z_]{1,30}\|>|</?s>|<eos>|<pad>")  # special tokens a decoder left in: <|im_end|>, </s>
 
 def clean_text(text) -> str:
-    "`text` ready to scan: non-strings become '', the last `MAX_CHARS` characters kept, control/zero-width/bidi characters and special tokens dropped"
+    "`text` ready to scan ('' if not a string): its last `MAX_CHARS` characters, no invisible ones or special tokens"
     if not isinstance(text, str): return ""
     text = _INVISIBLE.sub("", text[-MAX_CHARS:])
     return _SPECIAL.sub(" ", text) if "<" in text else text
@@ -85,7 +86,8 @@ def last_boxed(text: str) -> str | None:
     return spans[-1][1] if spans else None
 
 # %% ../nbs/01_verifier.ipynb #5ae1e95e
-_SPAN = re.compile(r"(?<!\\)\$\$(.{1,1000}?)(?<!\\)\$\$|(?<!\\)\$(.{1,1000}?)(?<!\\)\$|\\\((.{1,1000}?)\\\)|\\\[(.{1,1000}?)\\\]", re.DOTALL)
+_SPAN = re.compile(r"(?<!\\)\$\$(.{1,1000}?)(?<!\\)\$\$|(?<!\\)\$(.{1,1000}?)(?<!\\)\$"  # $$…$$, $…$ (not \$)
+                   r"|\\\((.{1,1000}?)\\\)|\\\[(.{1,1000}?)\\\]", re.DOTALL)  # \(…\), \[…\]
 
 def _span_content(m: re.Match) -> str: return next(g for g in m.groups() if g is not None).strip()
 
@@ -107,35 +109,36 @@ def looks_bare(text: str) -> bool:
     "Is `text` itself an answer (short, and no prose words outside LaTeX commands), like `$\\frac12$` or `7,425,000`?"
     s = text.strip()
     if not s or len(s) > 200 or "\n" in s: return False
-    if re.fullmatch(r"[A-Za-z][A-Za-z'\-]{0,30}( [A-Za-z][A-Za-z'\-]{0,30}){0,2}\.?", s): return True  # "Evelyn", "east"
+    if re.fullmatch(r"[A-Za-z][A-Za-z'\-]{0,30}( [A-Za-z][A-Za-z'\-]{0,30}){0,2}\.?", s): return True  # Evelyn, east
     words = re.findall(r"(?<![\\A-Za-z])[A-Za-z]{3,}", _COMMAND_OR_TEXT.sub(" ", s))
     return all(w.lower() in _BARE_WORDS for w in words)
 
 # %% ../nbs/01_verifier.ipynb #7347eb6e
 _HASH = re.compile(r"####[ \t]*([^\n]{0,300})")
+# "the answer is", "final answer:", "Answer:" at a line start ("check our answer: ..." is not one)
 _PHRASE = re.compile(r"(?im)(?:\b(?:the|my)\s+(?:final\s+)?answer\s+is\b\s*:?|\bfinal\s+answer\s*(?:is\b|:)\s*:?"
-                     r"|^[ \t*#]*(?:\\text(?:bf)?\{\s*)?answer\s*[:=])[ \t*]*([^\n]{0,300})")  # "check our answer: ..." is not one
+                     r"|^[ \t*#]*(?:\\text(?:bf)?\{\s*)?answer\s*[:=])[ \t*]*([^\n]{0,300})")
 _NUMBER = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?(?!\d)|-?\d+(?:\.\d+)?(?:/\d+)?|-?\.\d+")
 _CALC = re.compile(r"<<[^<>\n]{0,200}>>")
 
 def extract_answer(text: str, # the model's response (or a bare answer)
                    last_number: bool = True, # allow the fallbacks: last math span, then last number
                    *, bare: bool = True): # a short all-math text counts as the answer itself
-    "The final answer in `text` and how it was found ('hash', 'boxed', 'phrase', 'bare', 'math', 'number'), or (None, None)"
+    "The final answer in `text` and how it was found (hash, boxed, phrase, bare, math, number), or (None, None)"
     text = clean_text(text)
     found = []  # (position, answer, how) of the last anchor of each kind
     h = [m for m in _HASH.finditer(text) if m.group(1).strip()]
     if h: found.append((h[-1].start(), h[-1].group(1).strip().rstrip("."), "hash"))
     b = [x for x in _boxed_spans(text) if x[1]]  # an empty \boxed{} answers nothing
     if b: found.append((b[-1][0], b[-1][1], "boxed"))
-    p = [m for m in _PHRASE.finditer(text) if m.group(1).strip()] if "answer" in text.lower() else []  # skip the slow scan
+    p = [m for m in _PHRASE.finditer(text) if m.group(1).strip()] if "answer" in text.lower() else []  # skip the scan
     if p:
         a, inner = p[-1].group(1), 0
         while inner < 3 and (q := [m for m in _PHRASE.finditer(a) if m.group(1).strip()]):  # Answer: the answer is 5
             a, inner = q[-1].group(1), inner + 1
         a = _phrase_answer(a)
         strong = bool(re.search(r"[\d\\^=]", a)) or bool(re.fullmatch(r"\(?[A-E]\)?", a))
-        if a and (strong or not found): found.append((p[-1].start(), a, "phrase"))  # "our answer is correct" is no answer
+        if a and (strong or not found): found.append((p[-1].start(), a, "phrase"))  # "our answer is correct" is none
     if found:
         _, a, how = max(found, key=lambda f: f[0])
         return a[:MAX_ANSWER], how
@@ -177,8 +180,9 @@ def gold_answer(gold, # the reference: bare, `... #### N`, a solution with `\box
 # %% ../nbs/01_verifier.ipynb #c794ed10
 _UNICODE = str.maketrans({"−": "-", "–": "-", "—": "-", "×": "\\times ", "·": "\\cdot ", "÷": "\\div ", "π": "\\pi ",
                           "∞": "\\infty ", "≤": "\\le ", "≥": "\\ge ", "≠": "\\ne ", "√": "\\sqrt ", "°": "^\\circ ",
-                          "\u00a0": " ", "，": ",", "＄": "$", "½": "\\frac{1}{2}", "⅓": "\\frac{1}{3}", "⅔": "\\frac{2}{3}",
-                          "¼": "\\frac{1}{4}", "¾": "\\frac{3}{4}", "⅛": "\\frac{1}{8}", "²": "^2", "³": "^3",
+                          "\u00a0": " ", "，": ",", "＄": "$", "½": "\\frac{1}{2}", "⅓": "\\frac{1}{3}",
+                          "⅔": "\\frac{2}{3}", "¼": "\\frac{1}{4}", "¾": "\\frac{3}{4}", "⅛": "\\frac{1}{8}",
+                          "²": "^2", "³": "^3",
                           "±": "\\pm ", "∓": "\\mp ", "≈": "\\approx ", "∪": "\\cup ", "∩": "\\cap ", "∈": "\\in ",
                           "∅": "\\emptyset ", "ℝ": "\\mathbb{R}", "⋅": "\\cdot ", "∙": "\\cdot "})
 
@@ -201,11 +205,12 @@ def _unwrap(s: str, cmd: str) -> str:
     return "".join(out) + s[i:]
 
 # %% ../nbs/01_verifier.ipynb #750a0a83
-_TEXT_UNIT = re.compile(r"(.*?[\w})\]])\s*\\(text|textrm|mbox|mathrm)\s*\{\s*([A-Za-z][A-Za-z./ ]{0,40}|\([A-Za-z]{2}[A-Za-z./ ]{0,40}\)|)\s*\}"
+_TEXT_UNIT = re.compile(r"(.*?[\w})\]])\s*\\(text|textrm|mbox|mathrm)\s*"
+                        r"\{\s*([A-Za-z][A-Za-z./ ]{0,40}|\([A-Za-z]{2}[A-Za-z./ ]{0,40}\)|)\s*\}"
                         r"\s*(?:\^\s*\{?\s*[23]\s*\}?)?")  # 15\text{ cm}^2, 8\pi \mbox{ inches}
 
 def _drop_text_unit(s: str) -> str:
-    "`s` without a trailing `\\text{unit}` written after a quantity (`\\mathrm{e}`, `\\mathrm{i}` are constants, not units)"
+    "`s` without a `\\text{unit}` after a quantity (`\\mathrm{e}` and `\\mathrm{i}` are constants, not units)"
     m = _TEXT_UNIT.fullmatch(s)
     if not m or not re.search(r"\d|\\pi", m.group(1)) or (m.group(2) == "mathrm" and m.group(3) in ("e", "i")): return s
     return m.group(1)
@@ -213,7 +218,7 @@ def _drop_text_unit(s: str) -> str:
 # %% ../nbs/01_verifier.ipynb #cb890b08
 _SMALL = "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen " \
          "seventeen eighteen nineteen twenty".split()
-_TENS = dict(zip("twenty thirty forty fifty sixty seventy eighty ninety".split(), range(20, 100, 10)))
+_TENS = dict(zip("twenty thirty forty fifty sixty seventy eighty ninety".split(), range(20, 100, 10), strict=True))
 
 def _number_word(s: str) -> str:
     "`s` in digits if it is a number word below 100 (`seven`, `Twenty-five`), else `s`"
@@ -224,8 +229,10 @@ def _number_word(s: str) -> str:
     return s
 
 # %% ../nbs/01_verifier.ipynb #9595257c
-_OPS = [(r"\\leq?(?![A-Za-z])|\\leqslant", "<="), (r"\\geq?(?![A-Za-z])|\\geqslant", ">="), (r"\\lt(?![A-Za-z])", "<"), (r"\\gt(?![A-Za-z])", ">")]
-_OR = re.compile(r"\\(?:text|textrm|mbox|mathrm)\s*\{\s*or\s*\}|\\lor(?![A-Za-z])|\\vee(?![A-Za-z])|\\cup(?![A-Za-z])|\s+or\s+")
+_OPS = [(r"\\leq?(?![A-Za-z])|\\leqslant", "<="), (r"\\geq?(?![A-Za-z])|\\geqslant", ">="),
+        (r"\\lt(?![A-Za-z])", "<"), (r"\\gt(?![A-Za-z])", ">")]
+_OR = re.compile(r"\\(?:text|textrm|mbox|mathrm)\s*\{\s*or\s*\}"
+                 r"|\\lor(?![A-Za-z])|\\vee(?![A-Za-z])|\\cup(?![A-Za-z])|\s+or\s+")
 
 def _interval(p: str):
     "(variable, interval) for one inequality in one variable (`x > 2`, `3 >= x`, `-1 < x <= 4`), or None"
@@ -233,13 +240,15 @@ def _interval(p: str):
         return {"<": f"(-\\infty, {b})", "<=": f"(-\\infty, {b}]", ">": f"({b}, \\infty)", ">=": f"[{b}, \\infty)"}[op]
     flip = {"<": ">", "<=": ">=", ">": "<", ">=": "<="}
     if m := re.fullmatch(r"([A-Za-z])\s*(<=|>=|<|>)\s*([^<>=]+)", p): return m.group(1), side(*m.groups())
-    if m := re.fullmatch(r"([^<>=]+?)\s*(<=|>=|<|>)\s*([A-Za-z])", p): return m.group(3), side(m.group(3), flip[m.group(2)], m.group(1))
+    if m := re.fullmatch(r"([^<>=]+?)\s*(<=|>=|<|>)\s*([A-Za-z])", p):
+        return m.group(3), side(m.group(3), flip[m.group(2)], m.group(1))
     if m := re.fullmatch(r"([^<>=]+?)\s*(<=|<)\s*([A-Za-z])\s*(<=|<)\s*([^<>=]+)", p):
-        return m.group(3), ("[" if m.group(2) == "<=" else "(") + f"{m.group(1)}, {m.group(5)}" + ("]" if m.group(4) == "<=" else ")")
+        return m.group(3), (("[" if m.group(2) == "<=" else "(") + f"{m.group(1)}, {m.group(5)}"
+                            + ("]" if m.group(4) == "<=" else ")"))
     return None
 
 def _inequality_union(s: str) -> str:
-    "`x < 2 or x > 3` as the union of intervals `(-\\infty, 2) \\cup (3, \\infty)`; `s` itself unless every part is an inequality in one variable"
+    "`x < 2 or x > 3` as `(-\\infty, 2) \\cup (3, \\infty)`; `s` itself unless each part is one variable's inequality"
     t = s
     for pat, op in _OPS: t = re.sub(pat, op, t)
     parts = [_interval(p.strip()) for p in _OR.split(t)]
@@ -248,23 +257,30 @@ def _inequality_union(s: str) -> str:
 
 # %% ../nbs/01_verifier.ipynb #b29775e1
 def _approx(s: str) -> str:
-    "`s` without its approximation: `x \\approx 3.14` and `\\approx 3.14` give 3.14, `\\sqrt2 \\approx 1.414` gives the exact `\\sqrt2`"
+    "`s` without its approximation: `x \\approx 3.14` gives 3.14, `\\sqrt2 \\approx 1.414` the exact `\\sqrt2`"
     s = re.sub(r"^\s*\\approx(?![A-Za-z])\s*", "", s)
     m = re.fullmatch(r"(.+?)\s*\\approx(?![A-Za-z])\s*([^=]+)", s)
     if not m: return s
     return m.group(2) if re.fullmatch(r"[A-Za-z](?:_\{?\w{1,3}\}?)?", m.group(1).strip()) else m.group(1)
 
+# %% ../nbs/01_verifier.ipynb #1801ebd8
+_UNIT_WORDS = re.compile(r"^(.*?[\d}\)])\s*("
+                         r"(?:(?:k|c|m)?m|ft|mi|in|yd|k?g|m?[lL])/(?:s|h|hr|min|sec)(?:\^?\{?2\}?)?|"  # km/h, m/s^2
+                         r"(?:(?!(?:arc)?(?:sin|cos|tan|cot|sec|csc|log|exp)\b)[A-Za-z]{3,}"  # a word, not a function
+                         r"|cm|mm|km|ft|in|yd|mi|kg|mg|ml|hr|oz|lb)\.?"
+                         r"(?:\s+[A-Za-z]{2,}\.?){0,3})\s*(?:\^\s*\{?[23]\}?)?$")
+
+# %% ../nbs/01_verifier.ipynb #7eaf6f94
+_SET_BUILDER = re.compile(r"\\\{\s*([A-Za-z])\s*(?:\\mid|\||:)"  # \{x \mid x > 2\}
+                          r"\s*([^{}]*?(?:<|>|\\le|\\ge|\\ne|\\lt|\\gt)[^{}]*?)\s*\\\}")
+
 # %% ../nbs/01_verifier.ipynb #26a7a115
 _PLAIN_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
-_UNIT_WORDS = re.compile(r"^(.*?[\d}\)])\s*((?:(?:k|c|m)?m|ft|mi|in|yd|k?g|m?[lL])/(?:s|h|hr|min|sec)(?:\^?\{?2\}?)?|"  # km/h, m/s^2
-                         r"(?:(?!(?:arc)?(?:sin|cos|tan|cot|sec|csc|log|exp)\b)[A-Za-z]{3,}|cm|mm|km|ft|in|yd|mi|kg|mg|ml|hr|oz|lb)\.?"
-                         r"(?:\s+[A-Za-z]{2,}\.?){0,3})\s*(?:\^\s*\{?[23]\}?)?$")
 _BASE = re.compile(r"((?=[0-9A-F]*\d)[0-9A-F]{1,40})\s*_\s*\{?\s*(\d{1,2})\s*\}?")  # 52_8, 1A_{16}
 _TRIG = re.compile(r"\\(?:arc)?(?:sin|cos|tan|cot|sec|csc)(?![A-Za-z])")
 _DEG = r"\^\s*(?:\{\s*\\circ\s*\}|\\circ)"  # ^\circ, ^{\circ}
 _DEGREE = re.compile(_DEG + r"|\\circ(?![A-Za-z])")
 _SCALE = {"thousand": 3, "million": 6, "billion": 9, "trillion": 12}
-_SET_BUILDER = re.compile(r"\\\{\s*([A-Za-z])\s*(?:\\mid|\||:)\s*([^{}]*?(?:<|>|\\le|\\ge|\\ne|\\lt|\\gt)[^{}]*?)\s*\\\}")
 
 def normalize_answer(s: str) -> str:
     "`s` as a grader reads it: delimiters, spacing, units, `\\text{}`, degrees, currency and choice letters stripped"
@@ -278,11 +294,12 @@ def normalize_answer(s: str) -> str:
     s = re.sub(r"\\(?:left|right)(?![A-Za-z])|\\(?:displaystyle|textstyle)(?![A-Za-z])", "", s)
     s = re.sub(r"(?<!\\)\\[!,;: ]|\\q?quad(?![A-Za-z])|~", " ", s)
     s = re.sub(r"\\[dt]frac(?![A-Za-z])", r"\\frac", s)
-    if "angle" in s: s = re.sub(r"\\[lr]angle(?![A-Za-z])", lambda m: "(" if m.group()[1] == "l" else ")", s)  # vectors <1, 2>
+    if "angle" in s: s = re.sub(r"\\[lr]angle(?![A-Za-z])", lambda m: "(" if m.group()[1] == "l" else ")", s)  # <1, 2>
     if "circ" in s:  # degrees: radians inside a trig function (sin 30° = 1/2), else only a unit to drop
         if _TRIG.search(s): s = re.sub(r"(\d+(?:\.\d+)?)\s*" + _DEG, r"(\1\\pi/180)", s)
         s = _DEGREE.sub("", s)
-    if ("<" in s or ">" in s or "\\le" in s or "\\ge" in s or "\\lt" in s or "\\gt" in s) and ("or" in s or "\\cup" in s or "\\vee" in s):
+    if (("<" in s or ">" in s or "\\le" in s or "\\ge" in s or "\\lt" in s or "\\gt" in s)
+            and ("or" in s or "\\cup" in s or "\\vee" in s)):
         s = _inequality_union(s)
     s = re.sub(r"\\(?:text|textrm|mbox|mathrm)\s*\{\s*(?:or|and)\s*\}", ",", s)
     if "\\text" in s or "\\mbox" in s or "\\mathrm" in s: s = _drop_text_unit(s)
@@ -299,14 +316,15 @@ def normalize_answer(s: str) -> str:
     s = s.replace("**", "^").strip().rstrip(".").strip()
     m = re.fullmatch(r"(.*?\d)\s*(?:percent|pct)\.?", s)
     if m: s = m.group(1) + "%"
-    m = ("illion" in s or "thousand" in s) and re.fullmatch(r"(-?\d+(?:\.\d+)?)\s*(thousand|million|billion|trillion)\b(.*)", s)  # 1.5 million: a number, not a unit
+    m = ("illion" in s or "thousand" in s) and re.fullmatch(  # 1.5 million: a number, not a unit
+        r"(-?\d+(?:\.\d+)?)\s*(thousand|million|billion|trillion)\b(.*)", s)
     if m: s = f"{Decimal(m.group(1)) * 10 ** _SCALE[m.group(2)]:f}{m.group(3)}"
     if s.isalpha() or "-" in s and s.replace("-", "").isalpha(): s = _number_word(s)
-    m = re.fullmatch(r"(-?[\d.,]+)\s+(?:m|s|g|h|L|l|K|N|J|W|V)(?:\^\{?[23]\}?)?", s)  # 5 m: a number, then a space, then an SI unit
+    m = re.fullmatch(r"(-?[\d.,]+)\s+(?:m|s|g|h|L|l|K|N|J|W|V)(?:\^\{?[23]\}?)?", s)  # 5 m: number, space, SI unit
     if m: s = m.group(1)
     m = _UNIT_WORDS.fullmatch(s)
     if m and re.search(r"\d", m.group(1)) and not m.group(2).startswith(("or ", "and ")): s = m.group(1).strip()
-    if s[:1] in "oOcC": s = re.sub(r"^(?:option|choice)\s*:?\s*(?=\(?[A-Ea-e]\)?$)", "", s, flags=re.I)  # option C, choice (C)
+    if s[:1] in "oOcC": s = re.sub(r"^(?:option|choice)\s*:?\s*(?=\(?[A-Ea-e]\)?$)", "", s, flags=re.I)  # option C
     m = re.fullmatch(r"\(?([A-Ea-e])\)(?:\s.*)?|\(([A-E])\)?|([A-E])", s)  # multiple choice: (C), C), \textbf{(C)} 12
     if m: s = next(g for g in m.groups() if g).upper()
     m = _BASE.fullmatch(s)  # a number in another base: 52_{8} -> 52_8
@@ -316,7 +334,8 @@ def normalize_answer(s: str) -> str:
     if "\\{" in s and (m := _SET_BUILDER.fullmatch(s)): s = m.group(2)  # {x | x > 2}: the condition
     if re.fullmatch(r"(?:the set of )?all real(?: numbers)?|every real number", s, re.I): s = "\\mathbb{R}"
     if s[:1] in "aAtTeEnN" and " " in s:
-        if (m := re.fullmatch(r"(?:a|an|the)\s+([A-Za-z]{3,}(?: [A-Za-z\-]+){0,3})", s, re.I)): s = m.group(1)  # a square
+        if (m := re.fullmatch(r"(?:a|an|the)\s+([A-Za-z]{3,}(?: [A-Za-z\-]+){0,3})", s, re.I)):
+            s = m.group(1)  # a square
         if re.fullmatch(r"(?:the\s+)?(?:empty|null)\s+set", s, re.I): s = "\\emptyset"
     return s.strip()
 
@@ -342,11 +361,12 @@ _SCI_RE = re.compile(r"(.+?)\s*(?:\\times|\\cdot|\*|x)\s*10\s*\^\s*\{?\s*(-?\d{1
 _E_RE = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)[eE][-+]?\d{1,3}")  # 2.5e3
 
 def to_number(s: str) -> Fraction | None:
-    "`s` as an exact `Fraction` if it is a plain number (1,234 / 2.5 / -3 / 3/4 / \\frac{3}{4} / 2\\frac12 / 50% / $7 / 1.5\\times10^3), else None"
+    "`s` as an exact `Fraction` if it is a plain number (1,234, 2.5, 3/4, \\frac34, 2\\frac12, 50%, $7, 1.5\\times10^3)"
     if not isinstance(s, str): return None
     s = s.strip()
     if len(s) > 64: return None
-    if "\\" in s or "$" in s or "%" in s or " " in s or not s.isascii(): s = re.sub(r"(?<!\d) | (?!\d)", "", normalize_answer(s))
+    if "\\" in s or "$" in s or "%" in s or " " in s or not s.isascii():
+        s = re.sub(r"(?<!\d) | (?!\d)", "", normalize_answer(s))
     pct = s.endswith("%")
     s = s.rstrip("%")
     if not s or len(s) > 64: return None
@@ -358,8 +378,9 @@ def to_number(s: str) -> Fraction | None:
             v = Fraction(-num if m.group(1) else num, den) if den else None
         elif re.fullmatch(r"-?\d+/\d+", s):
             n, d = s.split("/"); v = Fraction(int(n), int(d)) if int(d) else None
-        elif (m := re.fullmatch(r"(-?)(\d+)\\frac(?:\{(\d+)\}|(\d))(?:\{(\d+)\}|(\d))", s)) and int(m.group(5) or m.group(6)):
-            v = int(m.group(2)) + Fraction(int(m.group(3) or m.group(4)), int(m.group(5) or m.group(6)))  # 2\frac{1}{2}, 2\frac12
+        elif ((m := re.fullmatch(r"(-?)(\d+)\\frac(?:\{(\d+)\}|(\d))(?:\{(\d+)\}|(\d))", s))
+              and int(m.group(5) or m.group(6))):  # 2\frac{1}{2}, 2\frac12
+            v = int(m.group(2)) + Fraction(int(m.group(3) or m.group(4)), int(m.group(5) or m.group(6)))
             v = -v if m.group(1) else v
         elif (m := re.fullmatch(r"(-?)(\d+) (\d+)/(\d+)", s)) and int(m.group(4)):  # mixed number 2 1/2
             v = int(m.group(2)) + Fraction(int(m.group(3)), int(m.group(4)))
@@ -406,7 +427,7 @@ _ASSIGN_R = re.compile(r"\s*([^=]+?)\s*=\s*[A-Za-z](?:_\{?\w{1,3}\}?)?\s*")  # 5
 _COLUMN = re.compile(r"\\begin\{[pb]matrix\}([^&]*?)\\end\{[pb]matrix\}", re.DOTALL)
 
 def answer_forms(s: str, other: str) -> list[str]:
-    "Normalized forms of `s` worth comparing with `other`: itself, its right-hand sides if `other` has no `=`, a column vector as a tuple if `other` is one"
+    "Normalized forms of `s` worth comparing with `other`: itself, and the readings that `other` calls for"
     n, o = normalize_answer(s), normalize_answer(other)
     forms = [n]
     if "=" in n and "=" not in o and len(n) < 300:
@@ -469,7 +490,7 @@ _EXP = re.compile(r"\^\s*(\{|\\[A-Za-z]+|\d+(?:\.\d+)?|[A-Za-z])")  # b^2a^3 is 
 _FACT = re.compile(r"(\d+)\s*!")
 
 def too_big(s: str) -> bool:
-    "Would parsing/evaluating `s` risk a huge computation: an exponent tower, a >4-digit exponent, n! for n > 1000, deep nesting?"
+    "Could evaluating `s` blow up: an exponent tower, a >4-digit exponent, n! for n > 1000, deep nesting?"
     if len(s) > MAX_ANSWER or re.search(r"\d{301}", s): return True
     depth = peak = 0
     for ch in s:
@@ -497,15 +518,17 @@ def _mv():
         from latex2sympy2_extended import NormalizationConfig
         # units=False: its unit list holds single letters (a, c, d, h, m, s, t ...), so `2ab` would parse as 2 and
         # `4a+3d` as 4a+3; `normalize_answer` drops real units itself
-        norm = NormalizationConfig(basic_latex=True, units=False, malformed_operators=True, nits=True, boxed="all", equations=False)
-        _MV.update(parse=parse, verify=verify, cfg=[LatexExtractionConfig(boxed_match_priority=0, normalization_config=norm)])
+        norm = NormalizationConfig(basic_latex=True, units=False, malformed_operators=True, nits=True, boxed="all",
+                                   equations=False)
+        _MV.update(parse=parse, verify=verify,
+                   cfg=[LatexExtractionConfig(boxed_match_priority=0, normalization_config=norm)])
     return _MV
 
 # %% ../nbs/01_verifier.ipynb #86824512
 _LETTER = re.compile(r"\\[A-Za-z]+|[A-Za-z]")
 
 def _imaginary(s: str) -> str:
-    "`s` with `i` written `I` (the parser's imaginary unit) when it is the only variable in `s`: `i^2` is -1, but `x_i` keeps its index"
+    "`s` with `i` as `I`, the parser's imaginary unit, when it is the only variable: `i^2` is -1, `x_i` keeps its index"
     if "i" not in s: return s
     letters = {t for t in _LETTER.findall(s) if not t.startswith("\\")}
     if "i" not in letters or letters - {"i", "e"}: return s
@@ -608,7 +631,7 @@ def have_math_verify() -> bool:
     ok = importlib.util.find_spec("math_verify") is not None
     if not ok and not _MV.get("warned"):
         warnings.warn("math-verify is not installed (pip install 'math-verify[antlr4_13_2]'): answers that need "
-                      "symbolic equivalence are graded as wrong"); _MV["warned"] = True
+                      "symbolic equivalence are graded as wrong", stacklevel=1); _MV["warned"] = True
     return ok
 
 # %% ../nbs/01_verifier.ipynb #0f6b9ba7
@@ -668,7 +691,7 @@ class SymbolicPool:
                         try: results[j] = self.workers[i][1].recv()
                         except (EOFError, OSError): self._kill(i)  # crashed (e.g. a native stack overflow)
                 now = time.monotonic()
-                for i, (j, d) in list(busy.items()):
+                for i, (_, d) in list(busy.items()):
                     if now >= d: busy.pop(i); self._kill(i); self.kills += 1
             return results
 
@@ -696,7 +719,8 @@ def _close_pools():
 # %% ../nbs/01_verifier.ipynb #696d1d02
 class _LRU:
     "A small thread-safe least-recently-used cache"
-    def __init__(self, maxsize: int): self.d, self.maxsize, self.hits, self.lock = OrderedDict(), maxsize, 0, threading.Lock()
+    def __init__(self, maxsize: int):
+        self.d, self.maxsize, self.hits, self.lock = OrderedDict(), maxsize, 0, threading.Lock()
     def get(self, k):
         with self.lock:
             if k in self.d: self.d.move_to_end(k); self.hits += 1; return self.d[k]
@@ -724,9 +748,10 @@ def check_format(text: str, how: str | None, rule: str = "answer") -> bool:
 
 # %% ../nbs/01_verifier.ipynb #186ed6aa
 def _prepare(completion, gold, task: str, format_rule: str):
-    "(extracted, format_ok, verdict-or-None, job) for one pair; the job is what a worker must decide when the verdict is None"
+    "(extracted, format_ok, verdict or None, job) for one pair; the job is for a worker when the verdict is None"
     if task not in TASK_POLICIES: raise ValueError(f"unknown task {task!r}; choose from {', '.join(TASK_POLICIES)}")
-    if format_rule not in FORMAT_RULES: raise ValueError(f"unknown format_rule {format_rule!r}; choose from {', '.join(FORMAT_RULES)}")
+    if format_rule not in FORMAT_RULES:
+        raise ValueError(f"unknown format_rule {format_rule!r}; choose from {', '.join(FORMAT_RULES)}")
     pol, text = TASK_POLICIES[task], clean_text(completion)
     part = text.rsplit("</think>", 1)[-1] if format_rule == "think" else text
     pred, how = extract_answer(part, pol.last_number, bare=pol.bare)
@@ -772,11 +797,11 @@ def score_batch(completions: list[str], # one response per sample
     if len(completions) != len(golds): raise ValueError(f"{len(completions)} completions but {len(golds)} answers")
     tasks = list(task) if isinstance(task, (list, tuple)) else [task] * len(completions)
     if len(tasks) != len(completions): raise ValueError(f"{len(tasks)} tasks for {len(completions)} completions")
-    prep = [_prepare(c, g, t, format_rule) for c, g, t in zip(completions, golds, tasks)]
+    prep = [_prepare(c, g, t, format_rule) for c, g, t in zip(completions, golds, tasks, strict=True)]
     todo = list(dict.fromkeys(p[3] for p in prep if p[3] is not None and CACHE.get(p[3]) is None))
     if todo:
         n = workers or DEFAULT_WORKERS
-        for job, r in zip(todo, get_pool(n).run(todo, timeout)): CACHE.put(job, bool(r))
+        for job, r in zip(todo, get_pool(n).run(todo, timeout), strict=True): CACHE.put(job, bool(r))
     out = []
     for pred, fmt, ok, job in prep:
         if job is not None:
@@ -803,7 +828,8 @@ def reward_fn(completions: list, # one response per sample: a string or a list o
               **kwargs) -> list[float]:
     "Rewards for a batch, with TRL's reward-function signature (extra columns arrive as keyword arguments)"
     if len(completions) != len(answer): raise ValueError(f"{len(completions)} completions but {len(answer)} answers")
-    opts = {k: kwargs[k] for k in ("timeout", "format_weight", "format_rule", "correct_weight", "workers") if k in kwargs}
+    opts = {k: kwargs[k] for k in ("timeout", "format_weight", "format_rule", "correct_weight", "workers")
+            if k in kwargs}
     return [s.reward for s in score_batch([_content(c) for c in completions], list(answer), task, **opts)]
 
 # %% ../nbs/01_verifier.ipynb #6bc515cc
@@ -811,7 +837,11 @@ def agreement(cases: list, # (gold, prediction, expected) rows
               plain: bool = False, # grade with plain math-verify instead of `score`
               timeout: float = 2.0, workers: int | None = None) -> tuple[float, list]:
     "Fraction of `cases` graded as expected, and the rows that were not"
-    if plain: got = [bool(r) for r in get_pool(workers or DEFAULT_WORKERS).run([("plain", (p,), (g,)) for g, p, _ in cases], timeout)]
-    else: got = [s.correct for s in score_batch([p for _, p, _ in cases], [g for g, _, _ in cases], timeout=timeout, workers=workers)]
-    wrong = [(g, p, e) for (g, p, e), r in zip(cases, got) if r != e]
+    if plain:
+        jobs = [("plain", (p,), (g,)) for g, p, _ in cases]
+        got = [bool(r) for r in get_pool(workers or DEFAULT_WORKERS).run(jobs, timeout)]
+    else:
+        scores = score_batch([p for _, p, _ in cases], [g for g, _, _ in cases], timeout=timeout, workers=workers)
+        got = [s.correct for s in scores]
+    wrong = [(g, p, e) for (g, p, e), r in zip(cases, got, strict=True) if r != e]
     return 1 - len(wrong) / len(cases), wrong

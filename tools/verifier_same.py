@@ -76,7 +76,7 @@ def main(argv=None) -> int:
     for src in sorted(set(before) | set(now)):
         if src.startswith("_"): continue
         b, n = before.get(src, []), now.get(src, [])
-        diff = [(i, x, y) for i, (x, y) in enumerate(zip(b, n)) if x != y]
+        diff = [(i, x, y) for i, (x, y) in enumerate(zip(b, n, strict=False)) if x != y]  # may differ in length
         if len(b) != len(n): print(f"{src}: {len(b)} rows before, {len(n)} now")
         for i, x, y in diff[:10]: print(f"{src}[{i}]:\n  before {x}\n  now    {y}")
         ok = len(b) == len(n) and not diff
