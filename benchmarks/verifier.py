@@ -6,11 +6,13 @@ Measures, each as the median of `--runs` timed runs:
 - gsm8k_fast: GSM8K-style responses (the 1,319 test reference solutions, and the same with a wrong final answer) scored
   one by one with `score` — the fast path, no worker process involved;
 - math_symbolic: MATH-style answers that the fast path cannot decide (equivalent rewrites and wrong variants of the
-  non-integer MATH500 answers, plus the symbolic rows of the kit's table), scored with `score_batch` on `--workers` processes;
+  non-integer MATH500 answers, plus the symbolic rows of the kit's tricky table), scored with `score_batch` on
+  `--workers` processes;
   before each run the workers are replaced (the fork is inside the timing) and all caches are emptied, so every pair is
   a real math-verify check with nothing remembered from earlier runs;
 - math500_mixed: the 500 MATH500 reference solutions plus 500 wrong ones, as a trainer would see them;
-and the agreement of the kit and of plain math-verify with the kit's two tables (`TRICKY_CASES`, `MORE_CASES`).
+and the agreement of the kit and of plain math-verify with the kit's two tables (`tests/data/verifier_tricky.jsonl`,
+`tests/data/verifier_more.jsonl`).
 Writes a JSON result and prints a table.
 """
 import argparse
@@ -26,6 +28,13 @@ from pathlib import Path
 from bppo_kit import verifier as V
 from bppo_kit.config import shared_data_dir
 from bppo_kit.data import read_jsonl
+
+TABLES = Path(__file__).resolve().parent.parent / "tests" / "data"
+
+
+def table(name: str) -> list[tuple[str, str, bool]]:
+    "(gold, prediction, correct) rows of the kit's table `tests/data/verifier_{name}.jsonl`"
+    return [(r["gold"], r["prediction"], r["correct"]) for r in read_jsonl(TABLES / f"verifier_{name}.jsonl")]
 
 
 def _bump(ans: str) -> str:
@@ -59,7 +68,7 @@ def symbolic_pairs(m500: list[dict]) -> list[tuple[str, str]]:
         if rw is None: continue
         for p in (rw, _bump(rw)):
             pairs.append((f"Working... so the answer is $\\boxed{{{p}}}$.", g))
-    pairs += [(p, g) for g, p, _ in V.TRICKY_CASES]
+    pairs += [(p, g) for g, p, _ in table("tricky")]
     pairs = list(dict.fromkeys(pairs))
     return [(c, g) for c, g in pairs if V._prepare(c, g, "math", "answer")[3] is not None]
 
@@ -87,11 +96,12 @@ def main(argv=None):
 
     # GSM8K-style: the fast path, one call at a time (as the trainer calls `score`)
     gold = [r["answer"].split("####")[-1].strip() for r in gsm]
-    comps = [r["answer"] for r in gsm] + [r["answer"].rsplit("####", 1)[0] + "#### " + _bump(g) for r, g in zip(gsm, gold)]
+    comps = [r["answer"] for r in gsm] + [r["answer"].rsplit("####", 1)[0] + "#### " + _bump(g)
+                                          for r, g in zip(gsm, gold, strict=True)]
     golds = gold + gold
     expect = [True] * len(gsm) + [False] * len(gsm)
-    assert [V.score(c, g, "gsm8k").correct for c, g in zip(comps, golds)] == expect
-    med, ts = timed(lambda: [V.score(c, g, "gsm8k") for c, g in zip(comps, golds)], a.runs)
+    assert [V.score(c, g, "gsm8k").correct for c, g in zip(comps, golds, strict=True)] == expect
+    med, ts = timed(lambda: [V.score(c, g, "gsm8k") for c, g in zip(comps, golds, strict=True)], a.runs)
     res["gsm8k_fast"] = {"n": len(comps), "median_s": med, "runs_s": ts, "scores_per_s": len(comps) / med}
 
     # MATH-style symbolic: every pair reaches math-verify in a worker; the cache is cleared before each run
@@ -111,7 +121,8 @@ def main(argv=None):
     med, ts = timed(sym, a.runs)
     n_correct = sum(s.correct for s in sym())
     res["math_symbolic"] = {"n": len(pairs), "median_s": med, "runs_s": ts, "scores_per_s": len(pairs) / med,
-                            "judged_correct": n_correct, "jobs_sent": pool.jobs - jobs0, "timeouts": pool.kills - kills0}
+                            "judged_correct": n_correct, "jobs_sent": pool.jobs - jobs0,
+                            "timeouts": pool.kills - kills0}
 
     # MATH500 as a trainer sees it: reference solutions and wrong ones, mostly decided by the fast path
     mc = [r["solution"] for r in m500] + [f"so $\\boxed{{{_bump(r['answer'])}}}$" for r in m500]
@@ -125,22 +136,24 @@ def main(argv=None):
     res["math500_mixed"] = {"n": len(mc), "median_s": med, "runs_s": ts, "scores_per_s": len(mc) / med,
                             "reference_correct": sum(ok[:500]), "wrong_rejected": 500 - sum(ok[500:])}
 
-    # quality on the kit's table
-    acc, wrong = V.agreement(workers=a.workers)
-    acc_plain, _ = V.agreement(plain=True, workers=a.workers)
-    res["tricky_cases"] = {"n": len(V.TRICKY_CASES), "kit_agreement": acc, "plain_math_verify_agreement": acc_plain,
+    # quality on the kit's tables
+    tricky, more = table("tricky"), table("more")
+    acc, wrong = V.agreement(tricky, workers=a.workers)
+    acc_plain, _ = V.agreement(tricky, plain=True, workers=a.workers)
+    res["tricky_cases"] = {"n": len(tricky), "kit_agreement": acc, "plain_math_verify_agreement": acc_plain,
                            "kit_disagreements": wrong}
-    acc2, wrong2 = V.agreement(V.MORE_CASES, workers=a.workers)
-    acc2_plain, _ = V.agreement(V.MORE_CASES, plain=True, workers=a.workers)
-    res["more_cases"] = {"n": len(V.MORE_CASES), "kit_agreement": acc2, "plain_math_verify_agreement": acc2_plain,
+    acc2, wrong2 = V.agreement(more, workers=a.workers)
+    acc2_plain, _ = V.agreement(more, plain=True, workers=a.workers)
+    res["more_cases"] = {"n": len(more), "kit_agreement": acc2, "plain_math_verify_agreement": acc2_plain,
                          "kit_disagreements": wrong2}
     res["load_avg_after"] = os.getloadavg()[0]
 
     print(f"{'measurement':<16}{'n':>7}{'median s':>11}{'scores/s':>12}")
     for k in ("gsm8k_fast", "math_symbolic", "math500_mixed"):
         r = res[k]; print(f"{k:<16}{r['n']:>7}{r['median_s']:>11.3f}{r['scores_per_s']:>12,.0f}")
-    print(f"tricky cases ({len(V.TRICKY_CASES)}): kit {acc:.1%}, plain math-verify {acc_plain:.1%}")
-    print(f"more cases ({len(V.MORE_CASES)}, written after the code): kit {acc2:.1%}, plain math-verify {acc2_plain:.1%}")
+    print(f"tricky cases ({len(tricky)}): kit {acc:.1%}, plain math-verify {acc_plain:.1%}")
+    print(f"more cases ({len(more)}, written after the code): kit {acc2:.1%}, "
+          f"plain math-verify {acc2_plain:.1%}")
     print(f"load average before/after: {res['load_avg_before']:.2f} / {res['load_avg_after']:.2f}")
     if a.json:
         a.json.parent.mkdir(parents=True, exist_ok=True)

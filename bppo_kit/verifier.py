@@ -1,4 +1,4 @@
-"""Turn a model's response into a reward: extract the final answer, compare it with the gold one, check the format — fast, and safely.
+"""Turn a model's response into a reward: extract the final answer, compare it with the gold one, check the format.
 
 Docs: https://bppo-kit.github.io/bppo_kit/verifier.html.md"""
 
@@ -25,11 +25,11 @@ from functools import lru_cache
 from multiprocessing.connection import wait as _wait_conns
 
 # %% auto #0
-__all__ = ['MAX_CHARS', 'MAX_ANSWER', 'TASK_POLICIES', 'HARD_MARGIN', 'WORKER_MEMORY', 'ANCHORED', 'FORMAT_RULES', 'CACHE',
-           'DEFAULT_WORKERS', 'TRICKY_CASES', 'MORE_CASES', 'Score', 'clean_text', 'last_boxed', 'looks_bare',
-           'extract_answer', 'Policy', 'gold_answer', 'normalize_answer', 'to_number', 'answer_forms', 'numbers_equal',
-           'quick_equal', 'too_big', 'symbolic_equal', 'plain_math_verify', 'have_math_verify', 'SymbolicPool',
-           'get_pool', 'check_format', 'score', 'score_batch', 'reward_fn', 'agreement']
+__all__ = ['MAX_CHARS', 'MAX_ANSWER', 'TASK_POLICIES', 'HARD_MARGIN', 'WORKER_MEMORY', 'CACHE', 'ANCHORED', 'FORMAT_RULES',
+           'DEFAULT_WORKERS', 'Score', 'clean_text', 'last_boxed', 'looks_bare', 'extract_answer', 'Policy',
+           'gold_answer', 'normalize_answer', 'to_number', 'answer_forms', 'numbers_equal', 'quick_equal', 'too_big',
+           'symbolic_equal', 'plain_math_verify', 'have_math_verify', 'SymbolicPool', 'get_pool', 'check_format',
+           'score', 'score_batch', 'reward_fn', 'agreement']
 
 # %% ../nbs/01_verifier.ipynb #979b7d17
 @dataclass(frozen=True)
@@ -42,19 +42,19 @@ class Score:
 # %% ../nbs/01_verifier.ipynb #0279ed65
 MAX_CHARS = 20_000  # answers sit at the end: longer responses are graded on their tail
 MAX_ANSWER = 1_000  # an extracted answer longer than this is compared as a string only, never parsed
-_INVISIBLE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u00ad\u061c\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]")
+_INVISIBLE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u00ad\u061c\u200b-\u200f"
+                        "\u2028-\u202e\u2060-\u2069\ufeff]")  # control, soft hyphen, zero-width, bidi, BOM
 
-_SPECIAL = re.compile(r"<\|[A-Za-z_]{1,30}\|>|</?s>|<eos>|<pad>")  # special tokens left in by decoding: <|im_end|>, </s>
+_SPECIAL = re.compile(r"<\|[A-Za-z_]{1,30}\|>|</?s>|<eos>|<pad>")  # special tokens a decoder left in: <|im_end|>, </s>
 
 def clean_text(text) -> str:
-    "`text` ready to scan: non-strings become '', the last `MAX_CHARS` characters kept, control/zero-width/bidi characters and special tokens dropped"
+    "`text` ready to scan ('' if not a string): its last `MAX_CHARS` characters, no invisible ones or special tokens"
     if not isinstance(text, str): return ""
     text = _INVISIBLE.sub("", text[-MAX_CHARS:])
     return _SPECIAL.sub(" ", text) if "<" in text else text
 
 # %% ../nbs/01_verifier.ipynb #5e9313d1
 _BRACE = re.compile(r"(?<!\\)[{}]")  # escaped \{ \} are set braces, not grouping
-_BOX = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])\s*")
 
 def _brace_pairs(text: str) -> dict[int, int]:
     "Position of each `{` in `text` mapped to the position of its closing `}` (unclosed ones are absent)"
@@ -63,6 +63,9 @@ def _brace_pairs(text: str) -> dict[int, int]:
         if m.group() == "{": stack.append(m.start())
         elif stack: pairs[stack.pop()] = m.start()
     return pairs
+
+# %% ../nbs/01_verifier.ipynb #36a720d9
+_BOX = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])\s*")
 
 def _boxed_spans(text: str) -> list[tuple[int, str]]:
     "(position, content) of every closed `\\boxed{...}`/`\\fbox{...}`, and of `\\boxed 5` without braces"
@@ -83,15 +86,8 @@ def last_boxed(text: str) -> str | None:
     return spans[-1][1] if spans else None
 
 # %% ../nbs/01_verifier.ipynb #5ae1e95e
-_HASH = re.compile(r"####[ \t]*([^\n]{0,300})")
-_PHRASE = re.compile(r"(?im)(?:\b(?:the|my)\s+(?:final\s+)?answer\s+is\b\s*:?|\bfinal\s+answer\s*(?:is\b|:)\s*:?"
-                     r"|^[ \t*#]*(?:\\text(?:bf)?\{\s*)?answer\s*[:=])[ \t*]*([^\n]{0,300})")  # "check our answer: ..." is not one
-_SPAN = re.compile(r"(?<!\\)\$\$(.{1,1000}?)(?<!\\)\$\$|(?<!\\)\$(.{1,1000}?)(?<!\\)\$|\\\((.{1,1000}?)\\\)|\\\[(.{1,1000}?)\\\]", re.DOTALL)
-_NUMBER = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?(?!\d)|-?\d+(?:\.\d+)?(?:/\d+)?|-?\.\d+")
-_CALC = re.compile(r"<<[^<>\n]{0,200}>>")
-_COMMAND_OR_TEXT = re.compile(r"\\(?:text|textbf|mathrm|mbox|begin|end)\s*\{[^{}]{0,100}\}|\\[A-Za-z]+")
-_BARE_WORDS = {"and", "or", "sqrt", "pi", "infty", "inf", "infinity", "percent", "dollars", "cents", "degrees", "units",
-               "thousand", "million", "billion", "trillion", "option", "choice"}
+_SPAN = re.compile(r"(?<!\\)\$\$(.{1,1000}?)(?<!\\)\$\$|(?<!\\)\$(.{1,1000}?)(?<!\\)\$"  # $$…$$, $…$ (not \$)
+                   r"|\\\((.{1,1000}?)\\\)|\\\[(.{1,1000}?)\\\]", re.DOTALL)  # \(…\), \[…\]
 
 def _span_content(m: re.Match) -> str: return next(g for g in m.groups() if g is not None).strip()
 
@@ -104,32 +100,45 @@ def _phrase_answer(s: str) -> str:
     s = re.sub(r"(?<=\S)\s+\([A-Za-z][A-Za-z ]+\)$", "", s.strip().rstrip("."))  # 7 (seven)
     return s.strip().rstrip(".,;:").strip("*").strip()
 
+# %% ../nbs/01_verifier.ipynb #34db84c9
+_COMMAND_OR_TEXT = re.compile(r"\\(?:text|textbf|mathrm|mbox|begin|end)\s*\{[^{}]{0,100}\}|\\[A-Za-z]+")
+_BARE_WORDS = {"and", "or", "sqrt", "pi", "infty", "inf", "infinity", "percent", "dollars", "cents", "degrees", "units",
+               "thousand", "million", "billion", "trillion", "option", "choice"}
+
 def looks_bare(text: str) -> bool:
     "Is `text` itself an answer (short, and no prose words outside LaTeX commands), like `$\\frac12$` or `7,425,000`?"
     s = text.strip()
     if not s or len(s) > 200 or "\n" in s: return False
-    if re.fullmatch(r"[A-Za-z][A-Za-z'\-]{0,30}( [A-Za-z][A-Za-z'\-]{0,30}){0,2}\.?", s): return True  # "Evelyn", "east"
+    if re.fullmatch(r"[A-Za-z][A-Za-z'\-]{0,30}( [A-Za-z][A-Za-z'\-]{0,30}){0,2}\.?", s): return True  # Evelyn, east
     words = re.findall(r"(?<![\\A-Za-z])[A-Za-z]{3,}", _COMMAND_OR_TEXT.sub(" ", s))
     return all(w.lower() in _BARE_WORDS for w in words)
+
+# %% ../nbs/01_verifier.ipynb #7347eb6e
+_HASH = re.compile(r"####[ \t]*([^\n]{0,300})")
+# "the answer is", "final answer:", "Answer:" at a line start ("check our answer: ..." is not one)
+_PHRASE = re.compile(r"(?im)(?:\b(?:the|my)\s+(?:final\s+)?answer\s+is\b\s*:?|\bfinal\s+answer\s*(?:is\b|:)\s*:?"
+                     r"|^[ \t*#]*(?:\\text(?:bf)?\{\s*)?answer\s*[:=])[ \t*]*([^\n]{0,300})")
+_NUMBER = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?(?!\d)|-?\d+(?:\.\d+)?(?:/\d+)?|-?\.\d+")
+_CALC = re.compile(r"<<[^<>\n]{0,200}>>")
 
 def extract_answer(text: str, # the model's response (or a bare answer)
                    last_number: bool = True, # allow the fallbacks: last math span, then last number
                    *, bare: bool = True): # a short all-math text counts as the answer itself
-    "The final answer in `text` and how it was found ('hash', 'boxed', 'phrase', 'bare', 'math', 'number'), or (None, None)"
+    "The final answer in `text` and how it was found (hash, boxed, phrase, bare, math, number), or (None, None)"
     text = clean_text(text)
     found = []  # (position, answer, how) of the last anchor of each kind
     h = [m for m in _HASH.finditer(text) if m.group(1).strip()]
     if h: found.append((h[-1].start(), h[-1].group(1).strip().rstrip("."), "hash"))
     b = [x for x in _boxed_spans(text) if x[1]]  # an empty \boxed{} answers nothing
     if b: found.append((b[-1][0], b[-1][1], "boxed"))
-    p = [m for m in _PHRASE.finditer(text) if m.group(1).strip()] if "answer" in text.lower() else []  # skip the slow scan
+    p = [m for m in _PHRASE.finditer(text) if m.group(1).strip()] if "answer" in text.lower() else []  # skip the scan
     if p:
         a, inner = p[-1].group(1), 0
         while inner < 3 and (q := [m for m in _PHRASE.finditer(a) if m.group(1).strip()]):  # Answer: the answer is 5
             a, inner = q[-1].group(1), inner + 1
         a = _phrase_answer(a)
         strong = bool(re.search(r"[\d\\^=]", a)) or bool(re.fullmatch(r"\(?[A-E]\)?", a))
-        if a and (strong or not found): found.append((p[-1].start(), a, "phrase"))  # "our answer is correct" is no answer
+        if a and (strong or not found): found.append((p[-1].start(), a, "phrase"))  # "our answer is correct" is none
     if found:
         _, a, how = max(found, key=lambda f: f[0])
         return a[:MAX_ANSWER], how
@@ -171,15 +180,13 @@ def gold_answer(gold, # the reference: bare, `... #### N`, a solution with `\box
 # %% ../nbs/01_verifier.ipynb #c794ed10
 _UNICODE = str.maketrans({"−": "-", "–": "-", "—": "-", "×": "\\times ", "·": "\\cdot ", "÷": "\\div ", "π": "\\pi ",
                           "∞": "\\infty ", "≤": "\\le ", "≥": "\\ge ", "≠": "\\ne ", "√": "\\sqrt ", "°": "^\\circ ",
-                          "\u00a0": " ", "，": ",", "＄": "$", "½": "\\frac{1}{2}", "⅓": "\\frac{1}{3}", "⅔": "\\frac{2}{3}",
-                          "¼": "\\frac{1}{4}", "¾": "\\frac{3}{4}", "⅛": "\\frac{1}{8}", "²": "^2", "³": "^3",
+                          "\u00a0": " ", "，": ",", "＄": "$", "½": "\\frac{1}{2}", "⅓": "\\frac{1}{3}",
+                          "⅔": "\\frac{2}{3}", "¼": "\\frac{1}{4}", "¾": "\\frac{3}{4}", "⅛": "\\frac{1}{8}",
+                          "²": "^2", "³": "^3",
                           "±": "\\pm ", "∓": "\\mp ", "≈": "\\approx ", "∪": "\\cup ", "∩": "\\cap ", "∈": "\\in ",
                           "∅": "\\emptyset ", "ℝ": "\\mathbb{R}", "⋅": "\\cdot ", "∙": "\\cdot "})
-_PLAIN_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
-_UNIT_WORDS = re.compile(r"^(.*?[\d}\)])\s*((?:(?:k|c|m)?m|ft|mi|in|yd|k?g|m?[lL])/(?:s|h|hr|min|sec)(?:\^?\{?2\}?)?|"  # km/h, m/s^2
-                         r"(?:(?!(?:arc)?(?:sin|cos|tan|cot|sec|csc|log|exp)\b)[A-Za-z]{3,}|cm|mm|km|ft|in|yd|mi|kg|mg|ml|hr|oz|lb)\.?"
-                         r"(?:\s+[A-Za-z]{2,}\.?){0,3})\s*(?:\^\s*\{?[23]\}?)?$")
 
+# %% ../nbs/01_verifier.ipynb #753850f9
 def _unwrap(s: str, cmd: str) -> str:
     "`s` with every `\\cmd{X}` replaced by `X` (inner braces balanced)"
     out, i = [], 0
@@ -197,23 +204,21 @@ def _unwrap(s: str, cmd: str) -> str:
         out.append(s[i:k] + s[j + 1:e]); i = e + 1
     return "".join(out) + s[i:]
 
-_BASE = re.compile(r"((?=[0-9A-F]*\d)[0-9A-F]{1,40})\s*_\s*\{?\s*(\d{1,2})\s*\}?")  # 52_8, 1A_{16}
-_TRIG = re.compile(r"\\(?:arc)?(?:sin|cos|tan|cot|sec|csc)(?![A-Za-z])")
-_DEG = r"\^\s*(?:\{\s*\\circ\s*\}|\\circ)"  # ^\circ, ^{\circ}
-_DEGREE = re.compile(_DEG + r"|\\circ(?![A-Za-z])")
-_TEXT_UNIT = re.compile(r"(.*?[\w})\]])\s*\\(text|textrm|mbox|mathrm)\s*\{\s*([A-Za-z][A-Za-z./ ]{0,40}|\([A-Za-z]{2}[A-Za-z./ ]{0,40}\)|)\s*\}"
+# %% ../nbs/01_verifier.ipynb #750a0a83
+_TEXT_UNIT = re.compile(r"(.*?[\w})\]])\s*\\(text|textrm|mbox|mathrm)\s*"
+                        r"\{\s*([A-Za-z][A-Za-z./ ]{0,40}|\([A-Za-z]{2}[A-Za-z./ ]{0,40}\)|)\s*\}"
                         r"\s*(?:\^\s*\{?\s*[23]\s*\}?)?")  # 15\text{ cm}^2, 8\pi \mbox{ inches}
 
 def _drop_text_unit(s: str) -> str:
-    "`s` without a trailing `\\text{unit}` written after a quantity (`\\mathrm{e}`, `\\mathrm{i}` are constants, not units)"
+    "`s` without a `\\text{unit}` after a quantity (`\\mathrm{e}` and `\\mathrm{i}` are constants, not units)"
     m = _TEXT_UNIT.fullmatch(s)
     if not m or not re.search(r"\d|\\pi", m.group(1)) or (m.group(2) == "mathrm" and m.group(3) in ("e", "i")): return s
     return m.group(1)
 
-_SCALE = {"thousand": 3, "million": 6, "billion": 9, "trillion": 12}
+# %% ../nbs/01_verifier.ipynb #cb890b08
 _SMALL = "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen " \
          "seventeen eighteen nineteen twenty".split()
-_TENS = dict(zip("twenty thirty forty fifty sixty seventy eighty ninety".split(), range(20, 100, 10)))
+_TENS = dict(zip("twenty thirty forty fifty sixty seventy eighty ninety".split(), range(20, 100, 10), strict=True))
 
 def _number_word(s: str) -> str:
     "`s` in digits if it is a number word below 100 (`seven`, `Twenty-five`), else `s`"
@@ -223,8 +228,11 @@ def _number_word(s: str) -> str:
     if len(w) == 2 and w[0] in _TENS and w[1] in _SMALL[1:10]: return str(_TENS[w[0]] + _SMALL.index(w[1]))
     return s
 
-_OPS = [(r"\\leq?(?![A-Za-z])|\\leqslant", "<="), (r"\\geq?(?![A-Za-z])|\\geqslant", ">="), (r"\\lt(?![A-Za-z])", "<"), (r"\\gt(?![A-Za-z])", ">")]
-_OR = re.compile(r"\\(?:text|textrm|mbox|mathrm)\s*\{\s*or\s*\}|\\lor(?![A-Za-z])|\\vee(?![A-Za-z])|\\cup(?![A-Za-z])|\s+or\s+")
+# %% ../nbs/01_verifier.ipynb #9595257c
+_OPS = [(r"\\leq?(?![A-Za-z])|\\leqslant", "<="), (r"\\geq?(?![A-Za-z])|\\geqslant", ">="),
+        (r"\\lt(?![A-Za-z])", "<"), (r"\\gt(?![A-Za-z])", ">")]
+_OR = re.compile(r"\\(?:text|textrm|mbox|mathrm)\s*\{\s*or\s*\}"
+                 r"|\\lor(?![A-Za-z])|\\vee(?![A-Za-z])|\\cup(?![A-Za-z])|\s+or\s+")
 
 def _interval(p: str):
     "(variable, interval) for one inequality in one variable (`x > 2`, `3 >= x`, `-1 < x <= 4`), or None"
@@ -232,27 +240,47 @@ def _interval(p: str):
         return {"<": f"(-\\infty, {b})", "<=": f"(-\\infty, {b}]", ">": f"({b}, \\infty)", ">=": f"[{b}, \\infty)"}[op]
     flip = {"<": ">", "<=": ">=", ">": "<", ">=": "<="}
     if m := re.fullmatch(r"([A-Za-z])\s*(<=|>=|<|>)\s*([^<>=]+)", p): return m.group(1), side(*m.groups())
-    if m := re.fullmatch(r"([^<>=]+?)\s*(<=|>=|<|>)\s*([A-Za-z])", p): return m.group(3), side(m.group(3), flip[m.group(2)], m.group(1))
+    if m := re.fullmatch(r"([^<>=]+?)\s*(<=|>=|<|>)\s*([A-Za-z])", p):
+        return m.group(3), side(m.group(3), flip[m.group(2)], m.group(1))
     if m := re.fullmatch(r"([^<>=]+?)\s*(<=|<)\s*([A-Za-z])\s*(<=|<)\s*([^<>=]+)", p):
-        return m.group(3), ("[" if m.group(2) == "<=" else "(") + f"{m.group(1)}, {m.group(5)}" + ("]" if m.group(4) == "<=" else ")")
+        return m.group(3), (("[" if m.group(2) == "<=" else "(") + f"{m.group(1)}, {m.group(5)}"
+                            + ("]" if m.group(4) == "<=" else ")"))
     return None
 
 def _inequality_union(s: str) -> str:
-    "`x < 2 or x > 3` as the union of intervals `(-\\infty, 2) \\cup (3, \\infty)`; `s` itself unless every part is an inequality in one variable"
+    "`x < 2 or x > 3` as `(-\\infty, 2) \\cup (3, \\infty)`; `s` itself unless each part is one variable's inequality"
     t = s
     for pat, op in _OPS: t = re.sub(pat, op, t)
     parts = [_interval(p.strip()) for p in _OR.split(t)]
     if len(parts) < 2 or None in parts or len({v for v, _ in parts}) != 1: return s
     return " \\cup ".join(i for _, i in parts)
 
+# %% ../nbs/01_verifier.ipynb #b29775e1
 def _approx(s: str) -> str:
-    "`s` without its approximation: `x \\approx 3.14` and `\\approx 3.14` give 3.14, `\\sqrt2 \\approx 1.414` gives the exact `\\sqrt2`"
+    "`s` without its approximation: `x \\approx 3.14` gives 3.14, `\\sqrt2 \\approx 1.414` the exact `\\sqrt2`"
     s = re.sub(r"^\s*\\approx(?![A-Za-z])\s*", "", s)
     m = re.fullmatch(r"(.+?)\s*\\approx(?![A-Za-z])\s*([^=]+)", s)
     if not m: return s
     return m.group(2) if re.fullmatch(r"[A-Za-z](?:_\{?\w{1,3}\}?)?", m.group(1).strip()) else m.group(1)
 
-_SET_BUILDER = re.compile(r"\\\{\s*([A-Za-z])\s*(?:\\mid|\||:)\s*([^{}]*?(?:<|>|\\le|\\ge|\\ne|\\lt|\\gt)[^{}]*?)\s*\\\}")
+# %% ../nbs/01_verifier.ipynb #1801ebd8
+_UNIT_WORDS = re.compile(r"^(.*?[\d}\)])\s*("
+                         r"(?:(?:k|c|m)?m|ft|mi|in|yd|k?g|m?[lL])/(?:s|h|hr|min|sec)(?:\^?\{?2\}?)?|"  # km/h, m/s^2
+                         r"(?:(?!(?:arc)?(?:sin|cos|tan|cot|sec|csc|log|exp)\b)[A-Za-z]{3,}"  # a word, not a function
+                         r"|cm|mm|km|ft|in|yd|mi|kg|mg|ml|hr|oz|lb)\.?"
+                         r"(?:\s+[A-Za-z]{2,}\.?){0,3})\s*(?:\^\s*\{?[23]\}?)?$")
+
+# %% ../nbs/01_verifier.ipynb #7eaf6f94
+_SET_BUILDER = re.compile(r"\\\{\s*([A-Za-z])\s*(?:\\mid|\||:)"  # \{x \mid x > 2\}
+                          r"\s*([^{}]*?(?:<|>|\\le|\\ge|\\ne|\\lt|\\gt)[^{}]*?)\s*\\\}")
+
+# %% ../nbs/01_verifier.ipynb #26a7a115
+_PLAIN_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+_BASE = re.compile(r"((?=[0-9A-F]*\d)[0-9A-F]{1,40})\s*_\s*\{?\s*(\d{1,2})\s*\}?")  # 52_8, 1A_{16}
+_TRIG = re.compile(r"\\(?:arc)?(?:sin|cos|tan|cot|sec|csc)(?![A-Za-z])")
+_DEG = r"\^\s*(?:\{\s*\\circ\s*\}|\\circ)"  # ^\circ, ^{\circ}
+_DEGREE = re.compile(_DEG + r"|\\circ(?![A-Za-z])")
+_SCALE = {"thousand": 3, "million": 6, "billion": 9, "trillion": 12}
 
 def normalize_answer(s: str) -> str:
     "`s` as a grader reads it: delimiters, spacing, units, `\\text{}`, degrees, currency and choice letters stripped"
@@ -266,11 +294,12 @@ def normalize_answer(s: str) -> str:
     s = re.sub(r"\\(?:left|right)(?![A-Za-z])|\\(?:displaystyle|textstyle)(?![A-Za-z])", "", s)
     s = re.sub(r"(?<!\\)\\[!,;: ]|\\q?quad(?![A-Za-z])|~", " ", s)
     s = re.sub(r"\\[dt]frac(?![A-Za-z])", r"\\frac", s)
-    if "angle" in s: s = re.sub(r"\\[lr]angle(?![A-Za-z])", lambda m: "(" if m.group()[1] == "l" else ")", s)  # vectors <1, 2>
+    if "angle" in s: s = re.sub(r"\\[lr]angle(?![A-Za-z])", lambda m: "(" if m.group()[1] == "l" else ")", s)  # <1, 2>
     if "circ" in s:  # degrees: radians inside a trig function (sin 30° = 1/2), else only a unit to drop
         if _TRIG.search(s): s = re.sub(r"(\d+(?:\.\d+)?)\s*" + _DEG, r"(\1\\pi/180)", s)
         s = _DEGREE.sub("", s)
-    if ("<" in s or ">" in s or "\\le" in s or "\\ge" in s or "\\lt" in s or "\\gt" in s) and ("or" in s or "\\cup" in s or "\\vee" in s):
+    if (("<" in s or ">" in s or "\\le" in s or "\\ge" in s or "\\lt" in s or "\\gt" in s)
+            and ("or" in s or "\\cup" in s or "\\vee" in s)):
         s = _inequality_union(s)
     s = re.sub(r"\\(?:text|textrm|mbox|mathrm)\s*\{\s*(?:or|and)\s*\}", ",", s)
     if "\\text" in s or "\\mbox" in s or "\\mathrm" in s: s = _drop_text_unit(s)
@@ -287,14 +316,15 @@ def normalize_answer(s: str) -> str:
     s = s.replace("**", "^").strip().rstrip(".").strip()
     m = re.fullmatch(r"(.*?\d)\s*(?:percent|pct)\.?", s)
     if m: s = m.group(1) + "%"
-    m = ("illion" in s or "thousand" in s) and re.fullmatch(r"(-?\d+(?:\.\d+)?)\s*(thousand|million|billion|trillion)\b(.*)", s)  # 1.5 million: a number, not a unit
+    m = ("illion" in s or "thousand" in s) and re.fullmatch(  # 1.5 million: a number, not a unit
+        r"(-?\d+(?:\.\d+)?)\s*(thousand|million|billion|trillion)\b(.*)", s)
     if m: s = f"{Decimal(m.group(1)) * 10 ** _SCALE[m.group(2)]:f}{m.group(3)}"
     if s.isalpha() or "-" in s and s.replace("-", "").isalpha(): s = _number_word(s)
-    m = re.fullmatch(r"(-?[\d.,]+)\s+(?:m|s|g|h|L|l|K|N|J|W|V)(?:\^\{?[23]\}?)?", s)  # 5 m: a number, then a space, then an SI unit
+    m = re.fullmatch(r"(-?[\d.,]+)\s+(?:m|s|g|h|L|l|K|N|J|W|V)(?:\^\{?[23]\}?)?", s)  # 5 m: number, space, SI unit
     if m: s = m.group(1)
     m = _UNIT_WORDS.fullmatch(s)
     if m and re.search(r"\d", m.group(1)) and not m.group(2).startswith(("or ", "and ")): s = m.group(1).strip()
-    if s[:1] in "oOcC": s = re.sub(r"^(?:option|choice)\s*:?\s*(?=\(?[A-Ea-e]\)?$)", "", s, flags=re.I)  # option C, choice (C)
+    if s[:1] in "oOcC": s = re.sub(r"^(?:option|choice)\s*:?\s*(?=\(?[A-Ea-e]\)?$)", "", s, flags=re.I)  # option C
     m = re.fullmatch(r"\(?([A-Ea-e])\)(?:\s.*)?|\(([A-E])\)?|([A-E])", s)  # multiple choice: (C), C), \textbf{(C)} 12
     if m: s = next(g for g in m.groups() if g).upper()
     m = _BASE.fullmatch(s)  # a number in another base: 52_{8} -> 52_8
@@ -304,15 +334,19 @@ def normalize_answer(s: str) -> str:
     if "\\{" in s and (m := _SET_BUILDER.fullmatch(s)): s = m.group(2)  # {x | x > 2}: the condition
     if re.fullmatch(r"(?:the set of )?all real(?: numbers)?|every real number", s, re.I): s = "\\mathbb{R}"
     if s[:1] in "aAtTeEnN" and " " in s:
-        if (m := re.fullmatch(r"(?:a|an|the)\s+([A-Za-z]{3,}(?: [A-Za-z\-]+){0,3})", s, re.I)): s = m.group(1)  # a square
+        if (m := re.fullmatch(r"(?:a|an|the)\s+([A-Za-z]{3,}(?: [A-Za-z\-]+){0,3})", s, re.I)):
+            s = m.group(1)  # a square
         if re.fullmatch(r"(?:the\s+)?(?:empty|null)\s+set", s, re.I): s = "\\emptyset"
     return s.strip()
 
 # %% ../nbs/01_verifier.ipynb #82247455
 _NUM_RE = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d{1,3}(?: \d{3})+|\d+)(?:\.\d+)?|[-+]?\.\d+")  # 1,234 and 1 234
-_FRAC_RE = re.compile(r"(-?)\\frac\s*(?:\{\s*(-?\d+)\s*\}|(\d))\s*(?:\{\s*(\d+)\s*\}|(\d))")
-_SCI_RE = re.compile(r"(.+?)\s*(?:\\times|\\cdot|\*|x)\s*10\s*\^\s*\{?\s*(-?\d{1,3})\s*\}?")
-_E_RE = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)[eE][-+]?\d{1,3}")  # 2.5e3
+
+def _plain(s: str) -> Fraction | None:
+    if not _NUM_RE.fullmatch(s): return None
+    return Fraction(s.replace(",", "").replace(" ", ""))
+
+# %% ../nbs/01_verifier.ipynb #2299d49b
 _REPEAT_RE = re.compile(r"(-?)(\d*)\.(\d*)\\(?:overline|bar)\s*\{?(\d{1,20})\}?")  # 0.1\overline{6} = 1/6
 
 def _repeating(m: re.Match) -> Fraction:
@@ -321,16 +355,18 @@ def _repeating(m: re.Match) -> Fraction:
     v = int(whole) + (Fraction(int(head or "0")) + Fraction(int(rep), 10 ** len(rep) - 1)) / 10 ** len(head)
     return -v if m.group(1) else v
 
-def _plain(s: str) -> Fraction | None:
-    if not _NUM_RE.fullmatch(s): return None
-    return Fraction(s.replace(",", "").replace(" ", ""))
+# %% ../nbs/01_verifier.ipynb #ea3665da
+_FRAC_RE = re.compile(r"(-?)\\frac\s*(?:\{\s*(-?\d+)\s*\}|(\d))\s*(?:\{\s*(\d+)\s*\}|(\d))")
+_SCI_RE = re.compile(r"(.+?)\s*(?:\\times|\\cdot|\*|x)\s*10\s*\^\s*\{?\s*(-?\d{1,3})\s*\}?")
+_E_RE = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)[eE][-+]?\d{1,3}")  # 2.5e3
 
 def to_number(s: str) -> Fraction | None:
-    "`s` as an exact `Fraction` if it is a plain number (1,234 / 2.5 / -3 / 3/4 / \\frac{3}{4} / 2\\frac12 / 50% / $7 / 1.5\\times10^3), else None"
+    "`s` as an exact `Fraction` if it is a plain number (1,234, 2.5, 3/4, \\frac34, 2\\frac12, 50%, $7, 1.5\\times10^3)"
     if not isinstance(s, str): return None
     s = s.strip()
     if len(s) > 64: return None
-    if "\\" in s or "$" in s or "%" in s or " " in s or not s.isascii(): s = re.sub(r"(?<!\d) | (?!\d)", "", normalize_answer(s))
+    if "\\" in s or "$" in s or "%" in s or " " in s or not s.isascii():
+        s = re.sub(r"(?<!\d) | (?!\d)", "", normalize_answer(s))
     pct = s.endswith("%")
     s = s.rstrip("%")
     if not s or len(s) > 64: return None
@@ -342,8 +378,9 @@ def to_number(s: str) -> Fraction | None:
             v = Fraction(-num if m.group(1) else num, den) if den else None
         elif re.fullmatch(r"-?\d+/\d+", s):
             n, d = s.split("/"); v = Fraction(int(n), int(d)) if int(d) else None
-        elif (m := re.fullmatch(r"(-?)(\d+)\\frac(?:\{(\d+)\}|(\d))(?:\{(\d+)\}|(\d))", s)) and int(m.group(5) or m.group(6)):
-            v = int(m.group(2)) + Fraction(int(m.group(3) or m.group(4)), int(m.group(5) or m.group(6)))  # 2\frac{1}{2}, 2\frac12
+        elif ((m := re.fullmatch(r"(-?)(\d+)\\frac(?:\{(\d+)\}|(\d))(?:\{(\d+)\}|(\d))", s))
+              and int(m.group(5) or m.group(6))):  # 2\frac{1}{2}, 2\frac12
+            v = int(m.group(2)) + Fraction(int(m.group(3) or m.group(4)), int(m.group(5) or m.group(6)))
             v = -v if m.group(1) else v
         elif (m := re.fullmatch(r"(-?)(\d+) (\d+)/(\d+)", s)) and int(m.group(4)):  # mixed number 2 1/2
             v = int(m.group(2)) + Fraction(int(m.group(3)), int(m.group(4)))
@@ -355,9 +392,6 @@ def to_number(s: str) -> Fraction | None:
     return v / 100 if (v is not None and pct) else v
 
 # %% ../nbs/01_verifier.ipynb #a2c56b4f
-_ASSIGN = re.compile(r"\s*[A-Za-z](?:_\{?\w{1,3}\}?)?\s*=\s*([^=]+)")
-_ASSIGN_R = re.compile(r"\s*([^=]+?)\s*=\s*[A-Za-z](?:_\{?\w{1,3}\}?)?\s*")  # 5 = x
-
 _SPACE = re.compile(r"(?<!\d)\s+|\s+(?!\d)")  # "2 5" is not 25 (1 000 is, as a number: `to_number`)
 _WORD = re.compile(r"[A-Za-z'\-]+")
 
@@ -366,6 +400,7 @@ def _key(s: str) -> str:
     k = _SPACE.sub("", s) if " " in s or "\t" in s or "\n" in s else s
     return k.lower() if _WORD.fullmatch(k) else k
 
+# %% ../nbs/01_verifier.ipynb #eb5fe48f
 def _split_top(s: str) -> list[str]:
     "`s` split at commas outside brackets"
     parts, depth, cur = [], 0, []
@@ -375,8 +410,7 @@ def _split_top(s: str) -> list[str]:
         else: cur.append(ch)
     return parts + ["".join(cur)]
 
-_COLUMN = re.compile(r"\\begin\{[pb]matrix\}([^&]*?)\\end\{[pb]matrix\}", re.DOTALL)
-
+# %% ../nbs/01_verifier.ipynb #15c3e798
 def _expand_pm(f: str) -> str:
     "`f` with each comma-separated part that holds one `\\pm` (or `\\mp`) written as its two values"
     if "\\pm" not in f and "\\mp" not in f: return f
@@ -387,8 +421,13 @@ def _expand_pm(f: str) -> str:
         else: out.append(p)
     return ", ".join(x.strip() for x in out)
 
+# %% ../nbs/01_verifier.ipynb #02e9acb4
+_ASSIGN = re.compile(r"\s*[A-Za-z](?:_\{?\w{1,3}\}?)?\s*=\s*([^=]+)")
+_ASSIGN_R = re.compile(r"\s*([^=]+?)\s*=\s*[A-Za-z](?:_\{?\w{1,3}\}?)?\s*")  # 5 = x
+_COLUMN = re.compile(r"\\begin\{[pb]matrix\}([^&]*?)\\end\{[pb]matrix\}", re.DOTALL)
+
 def answer_forms(s: str, other: str) -> list[str]:
-    "Normalized forms of `s` worth comparing with `other`: itself, its right-hand sides if `other` has no `=`, a column vector as a tuple if `other` is one"
+    "Normalized forms of `s` worth comparing with `other`: itself, and the readings that `other` calls for"
     n, o = normalize_answer(s), normalize_answer(other)
     forms = [n]
     if "=" in n and "=" not in o and len(n) < 300:
@@ -403,6 +442,7 @@ def answer_forms(s: str, other: str) -> list[str]:
         forms += list(map(_expand_pm, forms))
     return list(dict.fromkeys(forms))
 
+# %% ../nbs/01_verifier.ipynb #85ab2bd6
 def _terminating(q: Fraction) -> bool:
     d = q.denominator
     for p in (2, 5):
@@ -420,12 +460,14 @@ def numbers_equal(a: str, b: str) -> bool | None:
     if (decimal(a) and not _terminating(y)) or (decimal(b) and not _terminating(x)): return None  # rounding question
     return False
 
+# %% ../nbs/01_verifier.ipynb #53ea613f
 def _shape(f: str) -> str | None:
     "'set' for an explicit set of plain values `\\{1, 2\\}`, 'tuple' for `(1, 2)` / `[1, 2]`, else None"
     if f.startswith("\\{") and f.endswith("\\}") and "(" not in f and "[" not in f: return "set"
     if f[:1] in "([" and f[-1:] in ")]" and "," in f and "\\cup" not in f: return "tuple"
     return None
 
+# %% ../nbs/01_verifier.ipynb #588d0804
 def quick_equal(pred: str, gold: str) -> bool | None:
     "Fast verdict on `pred` vs `gold`: True, False, or None when symbolic equivalence must decide"
     if not isinstance(pred, str) or not isinstance(gold, str): return False
@@ -448,7 +490,7 @@ _EXP = re.compile(r"\^\s*(\{|\\[A-Za-z]+|\d+(?:\.\d+)?|[A-Za-z])")  # b^2a^3 is 
 _FACT = re.compile(r"(\d+)\s*!")
 
 def too_big(s: str) -> bool:
-    "Would parsing/evaluating `s` risk a huge computation: an exponent tower, a >4-digit exponent, n! for n > 1000, deep nesting?"
+    "Could evaluating `s` blow up: an exponent tower, a >4-digit exponent, n! for n > 1000, deep nesting?"
     if len(s) > MAX_ANSWER or re.search(r"\d{301}", s): return True
     depth = peak = 0
     for ch in s:
@@ -476,19 +518,23 @@ def _mv():
         from latex2sympy2_extended import NormalizationConfig
         # units=False: its unit list holds single letters (a, c, d, h, m, s, t ...), so `2ab` would parse as 2 and
         # `4a+3d` as 4a+3; `normalize_answer` drops real units itself
-        norm = NormalizationConfig(basic_latex=True, units=False, malformed_operators=True, nits=True, boxed="all", equations=False)
-        _MV.update(parse=parse, verify=verify, cfg=[LatexExtractionConfig(boxed_match_priority=0, normalization_config=norm)])
+        norm = NormalizationConfig(basic_latex=True, units=False, malformed_operators=True, nits=True, boxed="all",
+                                   equations=False)
+        _MV.update(parse=parse, verify=verify,
+                   cfg=[LatexExtractionConfig(boxed_match_priority=0, normalization_config=norm)])
     return _MV
 
+# %% ../nbs/01_verifier.ipynb #86824512
 _LETTER = re.compile(r"\\[A-Za-z]+|[A-Za-z]")
 
 def _imaginary(s: str) -> str:
-    "`s` with `i` written `I` (the parser's imaginary unit) when it is the only variable in `s`: `i^2` is -1, but `x_i` keeps its index"
+    "`s` with `i` as `I`, the parser's imaginary unit, when it is the only variable: `i^2` is -1, `x_i` keeps its index"
     if "i" not in s: return s
     letters = {t for t in _LETTER.findall(s) if not t.startswith("\\")}
     if "i" not in letters or letters - {"i", "e"}: return s
     return re.sub(r"(?<![\\A-Za-z])i(?![A-Za-z])", "(I)", s)  # in parentheses: the parser drops the power of a bare I^2
 
+# %% ../nbs/01_verifier.ipynb #2cd765fb
 _DECIMAL = re.compile(r"(?<![\d.])(\d{0,15})\.(\d{1,15})(?![\d.])")  # 2.5 and .5
 
 def _exact(s: str) -> str:
@@ -496,6 +542,7 @@ def _exact(s: str) -> str:
     if "." not in s or _PLAIN_NUMBER.fullmatch(s.strip()): return s
     return _DECIMAL.sub(lambda m: f"\\frac{{{int(m.group(1) + m.group(2))}}}{{{10 ** len(m.group(2))}}}", s)
 
+# %% ../nbs/01_verifier.ipynb #db4fc137
 @lru_cache(maxsize=4096)
 def _parse_latex(s: str):
     mv = _mv()
@@ -513,6 +560,7 @@ def symbolic_equal(preds: list[str], # normalized forms of the prediction
             if pp and mv["verify"](list(pg), list(pp), timeout_seconds=None, allow_set_relation_comp=True): return True
     return False
 
+# %% ../nbs/01_verifier.ipynb #f18965ab
 def _dollars(s: str) -> str:
     "`s` wrapped in `$...$` if it is a bare answer without delimiters (math-verify's README wraps its inputs so)"
     has = any(t in s for t in ("$", "\\boxed", "\\fbox", "\\(", "\\[", "####"))
@@ -541,6 +589,7 @@ def _limit_memory(extra: int):
         resource.setrlimit(resource.RLIMIT_AS, (lim, hard))
     except (OSError, ValueError, ImportError): pass
 
+# %% ../nbs/01_verifier.ipynb #fcdd11bf
 _JOBS = {"ours": symbolic_equal, "plain": lambda preds, golds: plain_math_verify(preds[0], golds[0])}
 
 def _run_job(job) -> bool | None:
@@ -582,9 +631,10 @@ def have_math_verify() -> bool:
     ok = importlib.util.find_spec("math_verify") is not None
     if not ok and not _MV.get("warned"):
         warnings.warn("math-verify is not installed (pip install 'math-verify[antlr4_13_2]'): answers that need "
-                      "symbolic equivalence are graded as wrong"); _MV["warned"] = True
+                      "symbolic equivalence are graded as wrong", stacklevel=1); _MV["warned"] = True
     return ok
 
+# %% ../nbs/01_verifier.ipynb #0f6b9ba7
 class SymbolicPool:
     "Worker processes that run symbolic checks under a hard time limit; a worker that overruns is killed and replaced"
     def __init__(self, n: int = 1, # worker processes (checks run in parallel up to this many)
@@ -641,7 +691,7 @@ class SymbolicPool:
                         try: results[j] = self.workers[i][1].recv()
                         except (EOFError, OSError): self._kill(i)  # crashed (e.g. a native stack overflow)
                 now = time.monotonic()
-                for i, (j, d) in list(busy.items()):
+                for i, (_, d) in list(busy.items()):
                     if now >= d: busy.pop(i); self._kill(i); self.kills += 1
             return results
 
@@ -650,6 +700,7 @@ class SymbolicPool:
         with self.lock:
             for i in range(len(self.workers)): self._kill(i)
 
+# %% ../nbs/01_verifier.ipynb #593b3c11
 _POOLS: dict[int, SymbolicPool] = {}
 
 def get_pool(n: int = 1) -> SymbolicPool:
@@ -666,13 +717,10 @@ def _close_pools():
     for p in list(_POOLS.values()): p.close()
 
 # %% ../nbs/01_verifier.ipynb #696d1d02
-ANCHORED = ("hash", "boxed", "phrase")
-FORMAT_RULES = ("answer", "single", "think")
-_THINK = re.compile(rf"\s*<think>.{{0,{MAX_CHARS}}}?</think>", re.DOTALL)
-
 class _LRU:
     "A small thread-safe least-recently-used cache"
-    def __init__(self, maxsize: int): self.d, self.maxsize, self.hits, self.lock = OrderedDict(), maxsize, 0, threading.Lock()
+    def __init__(self, maxsize: int):
+        self.d, self.maxsize, self.hits, self.lock = OrderedDict(), maxsize, 0, threading.Lock()
     def get(self, k):
         with self.lock:
             if k in self.d: self.d.move_to_end(k); self.hits += 1; return self.d[k]
@@ -682,6 +730,11 @@ class _LRU:
             if len(self.d) > self.maxsize: self.d.popitem(last=False)
 
 CACHE = _LRU(100_000)  # (pred forms, gold forms) -> symbolic verdict
+
+# %% ../nbs/01_verifier.ipynb #c8ef073a
+ANCHORED = ("hash", "boxed", "phrase")
+FORMAT_RULES = ("answer", "single", "think")
+_THINK = re.compile(rf"\s*<think>.{{0,{MAX_CHARS}}}?</think>", re.DOTALL)
 
 def check_format(text: str, how: str | None, rule: str = "answer") -> bool:
     "Does `text` (already cleaned) meet the format `rule`, given how its answer was found?"
@@ -693,10 +746,12 @@ def check_format(text: str, how: str | None, rule: str = "answer") -> bool:
         return bool(_THINK.match(text)) and text.count("</think>") == 1 and how in ANCHORED
     raise ValueError(f"unknown format_rule {rule!r}; choose from {', '.join(FORMAT_RULES)}")
 
+# %% ../nbs/01_verifier.ipynb #186ed6aa
 def _prepare(completion, gold, task: str, format_rule: str):
-    "(extracted, format_ok, verdict-or-None, job) for one pair; the job is what a worker must decide when the verdict is None"
+    "(extracted, format_ok, verdict or None, job) for one pair; the job is for a worker when the verdict is None"
     if task not in TASK_POLICIES: raise ValueError(f"unknown task {task!r}; choose from {', '.join(TASK_POLICIES)}")
-    if format_rule not in FORMAT_RULES: raise ValueError(f"unknown format_rule {format_rule!r}; choose from {', '.join(FORMAT_RULES)}")
+    if format_rule not in FORMAT_RULES:
+        raise ValueError(f"unknown format_rule {format_rule!r}; choose from {', '.join(FORMAT_RULES)}")
     pol, text = TASK_POLICIES[task], clean_text(completion)
     part = text.rsplit("</think>", 1)[-1] if format_rule == "think" else text
     pred, how = extract_answer(part, pol.last_number, bare=pol.bare)
@@ -712,6 +767,7 @@ def _prepare(completion, gold, task: str, format_rule: str):
 def _reward(ok: bool, fmt: bool, correct_weight: float, format_weight: float) -> float:
     return float(correct_weight * ok + (format_weight if fmt else -format_weight))
 
+# %% ../nbs/01_verifier.ipynb #250de75a
 def score(completion: str, # the model's whole response, or a bare answer
           gold: str, # the reference answer (bare, `#### N`, a solution with `\boxed{}`, or a number)
           task: str = "auto", # extraction policy: a key of `TASK_POLICIES`
@@ -741,11 +797,11 @@ def score_batch(completions: list[str], # one response per sample
     if len(completions) != len(golds): raise ValueError(f"{len(completions)} completions but {len(golds)} answers")
     tasks = list(task) if isinstance(task, (list, tuple)) else [task] * len(completions)
     if len(tasks) != len(completions): raise ValueError(f"{len(tasks)} tasks for {len(completions)} completions")
-    prep = [_prepare(c, g, t, format_rule) for c, g, t in zip(completions, golds, tasks)]
+    prep = [_prepare(c, g, t, format_rule) for c, g, t in zip(completions, golds, tasks, strict=True)]
     todo = list(dict.fromkeys(p[3] for p in prep if p[3] is not None and CACHE.get(p[3]) is None))
     if todo:
         n = workers or DEFAULT_WORKERS
-        for job, r in zip(todo, get_pool(n).run(todo, timeout)): CACHE.put(job, bool(r))
+        for job, r in zip(todo, get_pool(n).run(todo, timeout), strict=True): CACHE.put(job, bool(r))
     out = []
     for pred, fmt, ok, job in prep:
         if job is not None:
@@ -754,6 +810,7 @@ def score_batch(completions: list[str], # one response per sample
         out.append(Score(bool(ok), _reward(ok, fmt, correct_weight, format_weight), pred, fmt))
     return out
 
+# %% ../nbs/01_verifier.ipynb #7654cfbb
 def _content(c) -> str:
     "The text of a completion given as a string or as chat messages (TRL's conversational format)"
     if isinstance(c, str): return c
@@ -764,697 +821,27 @@ def _content(c) -> str:
         return m if isinstance(m, str) else ""
     return ""
 
+# %% ../nbs/01_verifier.ipynb #1acc6f6c
 def reward_fn(completions: list, # one response per sample: a string or a list of chat messages
               answer: list, # the gold answers, aligned with `completions`
               task: str | list[str] = "auto", # extraction policy, or a per-sample column
               **kwargs) -> list[float]:
     "Rewards for a batch, with TRL's reward-function signature (extra columns arrive as keyword arguments)"
     if len(completions) != len(answer): raise ValueError(f"{len(completions)} completions but {len(answer)} answers")
-    opts = {k: kwargs[k] for k in ("timeout", "format_weight", "format_rule", "correct_weight", "workers") if k in kwargs}
+    opts = {k: kwargs[k] for k in ("timeout", "format_weight", "format_rule", "correct_weight", "workers")
+            if k in kwargs}
     return [s.reward for s in score_batch([_content(c) for c in completions], list(answer), task, **opts)]
 
-# %% ../nbs/01_verifier.ipynb #936382f1
-TRICKY_CASES = [  # (gold, prediction, correct?)
-    # integers, separators, signs
-    ("1234", "1,234", True), ("1,234", "1234", True), ("1000000", "1,000,000", True), ("10080", "10,\\!080", True),
-    ("11,\\! 111,\\! 111,\\! 100", "11111111100", True), ("-5", "−5", True), ("5", "-5", False), ("0", "-0", True),
-    ("7", "07", True), ("12", "21", False), ("100", "1000", False), ("58,500", "58500", True),
-    # decimals
-    ("3", "3.0", True), ("3", "3.00", True), ("0.5", ".5", True), ("0.5", "0.50", True), ("2.5", "2.05", False),
-    (".0000672", "0.0000672", True), ("3.21", "3.210", True), ("4.5", "4.6", False),
-    # fractions and mixed numbers
-    ("1.25", "1\\frac{1}{4}", True), ("326.5", "326\\frac{1}{2}", True), ("\\frac{9}{4}", "2\\frac{1}{4}", True),
-    ("137 \\frac{1}{2}", "137.5", True), ("1\\frac{4}{5}", "\\frac{9}{5}", True), ("\\frac{1}{2}", "0.5", True),
-    ("\\frac12", "1/2", True), ("\\frac{3}{4}", "\\frac{6}{8}", True), ("\\dfrac{17}{50}", "0.34", True),
-    ("\\frac{3}{2}", "1.5", True), ("\\frac{1}{8}", "0.125", True), ("-\\frac{1}{2}", "\\frac{-1}{2}", True),
-    ("-\\frac{1}{2}", "-0.5", True), ("\\frac{1}{2}", "\\frac{2}{1}", False), ("\\frac{1}{3}", "0.3", False),
-    ("\\frac{270}7\\text{ degrees}", "\\frac{270}{7}", True), ("\\frac 59", "\\frac{5}{9}", True),
-    ("\\frac9{19}", "9/19", True), ("\\frac43", "\\tfrac{4}{3}", True), ("2/4", "1/2", True), ("\\frac{3}{56}", "\\frac{3}{65}", False),
-    # percent
-    ("50\\%", "50", True), ("50", "50\\%", True), ("50\\%", "0.5", True), ("25\\%", "25 percent", True),
-    ("0.25", "25\\%", True), ("12.5\\%", "12.5", True), ("50\\%", "5", False), ("20", "0.2", False),
-    # money and units
-    ("18", "\\$18", True), ("18.90", "\\$18.90", True), ("\\$18.90", "18.9", True), ("\\$32,\\!348", "32348", True),
-    ("\\$36", "36 dollars", True), ("5.4 \\text{ cents}", "5.4", True), ("864 \\mbox{ inches}^2", "864", True),
-    ("15\\mbox{ cm}^2", "15 \\text{ cm}^2", True), ("15\\mbox{ cm}^2", "15", True), ("5", "5 \\text{ cm}", True),
-    ("5", "5\\text{cm}", True), ("60", "60 \\text{ minutes}", True), ("8", "8 \\text{ units}", True),
-    ("8", "9 \\text{ units}", False),
-    # degrees
-    ("90^\\circ", "90", True), ("90", "90^{\\circ}", True), ("30^\\circ", "30°", True),
-    ("120^\\circ", "120 \\text{ degrees}", True), ("75^\\circ", "57^\\circ", False),
-    # words, names, multiple choice
-    ("\\text{Evelyn}", "Evelyn", True), ("\\text{Evelyn}", "\\text{evelyn}", True), ("\\text{east}", "East", True),
-    ("\\text{even}", "\\text{odd}", False), ("\\text{Navin}", "Navin", True), ("\\text{Navin}", "Luka", False),
-    ("\\text{(C)}", "C", True), ("\\text{(C)}", "(C)", True), ("\\text{(C)}", "\\textbf{(C)}", True),
-    ("\\text{(E)}", "(B)", False), ("\\text{(B)}", "B", True), ("(C)", "\\text{C}", True), ("\\text{yes}", "Yes", True),
-    ("\\text{no}", "yes", False), ("\\text{ellipse}", "\\text{parabola}", False),
-    # roots and pi
-    ("\\frac{\\sqrt{2}}{2}", "\\frac{1}{\\sqrt{2}}", True), ("2\\sqrt{2}", "\\sqrt{8}", True),
-    ("3\\sqrt{13}", "\\sqrt{117}", True), ("11\\sqrt2", "11\\sqrt{2}", True), ("\\sqrt{5}", "\\sqrt 5", True),
-    ("\\sqrt{3}", "3", False), ("\\frac{\\sqrt{3}}{3}", "\\frac{1}{\\sqrt{3}}", True),
-    ("\\frac{\\sqrt{3}}{3}", "\\frac{\\sqrt{3}}{2}", False), ("-\\sqrt{3}", "\\sqrt{3}", False),
-    ("\\frac{\\sqrt{21}}{5}", "\\sqrt{21}/5", True), ("\\frac{3\\sqrt{3}}{4}", "\\frac{3}{4}\\sqrt{3}", True),
-    ("2\\sqrt{113}", "\\sqrt{452}", True), ("7\\pi", "7 \\pi", True), ("12\\pi", "12", False),
-    ("288 \\pi", "288\\pi", True), ("\\frac{20000}{\\pi}", "20000/\\pi", True), ("18+2\\pi", "2\\pi+18", True),
-    ("-\\frac{\\pi}{6}", "-\\pi/6", True), ("\\pi", "3.14", False), ("\\sqrt{2}", "sqrt(2)", True),
-    ("\\frac{\\sqrt{2}}{2}", "sqrt(2)/2", True), ("2\\pi", "2pi", True), ("2\\pi", "2π", True),
-    ("\\infty", "∞", True), ("1+2\\sqrt{3}", "2\\sqrt{3}+1", True), ("11 \\sqrt{5} + 11", "11(1+\\sqrt5)", True),
-    # expressions
-    ("x^2+2x+1", "(x+1)^2", True), ("p - q", "-q + p", True), ("p - q", "q - p", False), ("2k+2", "2(k+1)", True),
-    ("-13x+3", "3-13x", True), ("6r^2-4r-24", "2(3r^2-2r-12)", True), ("(a+5)(b+2)", "(b+2)(a+5)", True),
-    ("(a+5)(b+2)", "ab+2a+5b+10", True), ("x^5 - x^4 + x^3 - x^2 + x - 1", "x^5-x^4+x^3-x^2+x+1", False),
-    ("\\cot x", "\\frac{\\cos x}{\\sin x}", True), ("\\frac{11+9a}{20}", "\\frac{9a+11}{20}", True),
-    ("5r^5", "5r^{5}", True), ("8n^2 + 4n + 1", "8n^2+4n+1", True), ("2x+3", "2x + 4", False), ("x+1", "1+x", True),
-    ("15x - 80", "5(3x-16)", True), ("2k", "k+k", True),
-    # evaluated forms
-    ("3", "\\log_2 8", True), ("1024", "2^{10}", True), ("120", "5!", True), ("10", "\\binom{5}{2}", True),
-    ("162", "2 \\cdot 3^4", True), ("1500", "1.5\\times 10^3", True), ("300000000", "3 \\times 10^{8}", True),
-    # equations
-    ("x=5", "5", True), ("5", "x=5", True), ("5", "x = 5", True), ("x=5", "x=6", False), ("y = 2x + 3", "y=3+2x", True),
-    ("y = 2x + 3", "2x+3", True), ("y = -2x", "y=-2x", True), ("y = -2x", "y=2x", False),
-    ("5x - 7y + 11z + 4 = 0", "5x-7y+11z+4=0", True), ("k=3", "3", True), ("3", "k = 4", False),
-    # complex numbers
-    ("6 - 5i", "6-5i", True), ("-2 + 7i", "7i-2", True), ("1+274i", "1 + 274 i", True), ("1+2i", "1-2i", False),
-    ("1 - 12i", "1-12i", True),
-    # tuples, points, vectors, matrices
-    ("(6,31,-1)", "(6, 31, -1)", True), ("(-2,1)", "(1,-2)", False), ("(15,-29)", "\\left(15, -29\\right)", True),
-    ("\\left( 3, \\frac{\\pi}{2} \\right)", "(3,\\pi/2)", True), ("\\left( \\frac{3}{2}, -13 \\right)", "(1.5,-13)", True),
-    ("(1,-16,-4,43)", "(1, -16, -4, 43)", True), ("(8,-2)", "(8,2)", False), ("(2,4)", "(2, 4)", True),
-    ("\\begin{pmatrix} -1/3 \\\\ 2/3 \\\\ 5/3 \\end{pmatrix}", "\\begin{pmatrix} -\\frac{1}{3} \\\\ \\frac{2}{3} \\\\ \\frac{5}{3} \\end{pmatrix}", True),
-    ("\\begin{pmatrix} -2 \\\\ -14 \\\\ -7 \\end{pmatrix}", "\\begin{bmatrix} -2 \\\\ -14 \\\\ -7 \\end{bmatrix}", True),
-    ("\\begin{pmatrix} -1 & 0 \\\\ 0 & -1 \\end{pmatrix}", "\\begin{pmatrix}-1&0\\\\0&-1\\end{pmatrix}", True),
-    ("\\begin{pmatrix} -1 & 0 \\\\ 0 & -1 \\end{pmatrix}", "\\begin{pmatrix}1&0\\\\0&1\\end{pmatrix}", False),
-    ("\\begin{pmatrix} 1/5 \\\\ -18/5 \\end{pmatrix}", "\\begin{pmatrix} 0.2 \\\\ -3.6 \\end{pmatrix}", True),
-    ("\\begin{pmatrix} -7 \\\\ 16 \\\\ 5 \\end{pmatrix}", "\\begin{pmatrix} -7 \\\\ 5 \\\\ 16 \\end{pmatrix}", False),
-    # intervals and inequalities
-    ("(3,4]", "(3, 4]", True), ("(3,4]", "[3,4]", False), ("(2,\\infty)", "(2, \\infty)", True),
-    ("(2,\\infty)", "x > 2", True), ("(-\\infty, 0]", "x \\le 0", True), ("(-\\infty, 0]", "(-\\infty, 0)", False),
-    ("(-\\infty, 2) \\cup (3, \\infty)", "(3,\\infty) \\cup (-\\infty,2)", True), ("(0,9) \\cup (9,36)", "(0,36)", False),
-    ("x \\in [-2,7]", "[-2,7]", True), ("x \\in [-2,7]", "-2 \\le x \\le 7", True),
-    ("\\left(\\frac{3}{5},\\frac{8}{3}\\right]", "(0.6, 8/3]", True), ("(-\\sqrt{3}, \\sqrt{3})", "(-\\sqrt3,\\sqrt3)", True),
-    ("[2,5]", "[2,5)", False),
-    # sets and lists of solutions
-    ("1,-2", "-2, 1", True), ("3, 5, 7", "7, 5, 3", True), ("3, 5, 7", "3, 5", False), ("-2,1", "x=-2, x=1", True),
-    ("-2,1", "x = -2 \\text{ or } x = 1", True), ("\\{1\\pm\\sqrt{5},-2\\}", "-2, 1+\\sqrt{5}, 1-\\sqrt{5}", True),
-    ("1 \\pm \\sqrt{19}", "1+\\sqrt{19}, 1-\\sqrt{19}", True), ("3 \\pm 2 \\sqrt{2}", "3+2\\sqrt2,3-2\\sqrt2", True),
-    ("3 \\pm 2 \\sqrt{2}", "3+2\\sqrt2", False), ("\\{1,2\\}", "\\{2,1\\}", True), ("2, 3", "2 and 3", True),
-    # number bases
-    ("52_8", "52", True), ("52_8", "52_{8}", True), ("4210_{5}", "4210_5", True), ("2516_8", "2516", True), ("40_9", "36", False),
-    ("52_8", "52_9", False), ("1011_2", "11_{10}", False),
-    # gold conventions of AIME, AMC, GSM8K
-    ("025", "25", True), ("025", "\\boxed{25}", True), ("025", "250", False), ("27.0", "27", True), ("27.0", "\\boxed{27}", True),
-    ("36.0", "35", False), ("Natalia sold 48/2 = <<48/2=24>>24 clips.\n#### 72", "72", True), ("#### 1,234", "1234", True),
-    ("#### 18", "The answer is 18 dollars.", True),
-    # whole responses: where is the answer?
-    ("\\frac{1}{2}", "So the probability is $\\boxed{\\frac{1}{2}}$.", True),
-    ("\\frac{1}{2}", "First $\\boxed{1}$, which is wrong; recomputing gives $\\boxed{\\dfrac{1}{2}}$.", True),
-    ("7", "Adding up: 3 + 4 = 7.\nThe answer is 7.", True), ("7", "The final answer is $7$.", True), ("7", "Answer: 7", True),
-    ("7", "\\fbox{7}", True), ("7", "$\\boxed 7$", True), ("12", "I first thought 12, but the answer is \\boxed{10}.", False),
-    ("\\frac{\\sqrt{3}}{2}", "\\[ \\boxed{\\dfrac{\\sqrt{3}}{2}} \\]", True),
-    ("(1,2)", "The point is $\\boxed{\\left(1, 2\\right)}$.", True), ("42", "She earns 6 * 7 = 42 dollars per week.", True),
-    ("72", "48/2 = <<48/2=24>>24 clips in May, 48+24 = <<48+24=72>>72 in total.\n#### 72", True), ("72", "#### 72.", True),
-    ("72", "#### $72", True), ("1234", "#### 1,234", True), ("8", "The answer is: $\\boxed{8}$", True),
-    ("\\frac{1}{2}", "Hence the value is \\(\\frac{1}{2}\\).", True), ("x^2+1", "\\boxed{x^2+1}", True),
-    ("5", "\\boxed{x = 5}", True), ("\\text{(B)}", "The correct option is \\boxed{B}.", True),
-    ("\\text{(B)}", "The answer is (B).", True), ("3", "\\boxed{\\boxed{3}}", True), ("10", "The answer is $\\boxed{10\\%}$", True),
-    ("2", "There are 2 ways... no, 3 ways. So \\boxed{3}", False), ("\\frac{1}{2}", "\\boxed{\\frac{1}{2}} \\boxed{\\frac{1}{3}}", False),
-    # no answer, hostile answers
-    ("7", "", False), ("7", "I don't know.", False), ("7", "\\boxed{}", False),
-    ("7", "\\boxed{__import__('os').system('echo hi')}", False), ("7", "\\boxed{10^{10^{10^{10}}}}", False),
-    ("10^{10^{10}}", "\\boxed{10^{10^{10}}}", True), ("0", "\\boxed{0}", True), ("0", "\\boxed{O}", False),
-    # added after a held-out check (written after the code above, graded before any fix): more of each kind
-    ("144", "144.00", True), ("144", "1.44", False), ("2,000", "2000", True), ("-12", "- 12", True),
-    ("\\frac{5}{12}", "5/12", True), ("\\frac{5}{12}", "\\frac{12}{5}", False), ("0.75", "\\frac{3}{4}", True),
-    ("\\frac{7}{8}", "0.875", True), ("\\frac{2}{3}", "\\frac{4}{6}", True), ("-\\frac{3}{4}", "-0.75", True),
-    ("3\\frac{1}{3}", "\\frac{10}{3}", True), ("75\\%", "0.75", True), ("75\\%", "75", True), ("75\\%", "7.5", False),
-    ("\\$4.50", "4.5", True), ("\\$4.50", "\\$4.05", False), ("45^\\circ", "45 degrees", True),
-    ("45^\\circ", "\\frac{\\pi}{4}", False), ("12 \\text{ feet}", "12", True), ("12", "12 \\text{ ft}", True),
-    ("100 \\text{ cm}", "1", False), ("\\sqrt{12}", "2\\sqrt{3}", True), ("4\\sqrt{3}", "\\sqrt{48}", True),
-    ("\\frac{\\sqrt{6}}{3}", "\\sqrt{\\frac{2}{3}}", True), ("\\sqrt{2}+1", "1+\\sqrt{2}", True),
-    ("\\sqrt{2}+1", "\\sqrt{2}-1", False), ("\\frac{1}{\\sqrt{3}+1}", "\\frac{\\sqrt{3}-1}{2}", True),
-    ("4\\pi", "4 \\pi", True), ("\\frac{3\\pi}{4}", "\\frac{3}{4}\\pi", True), ("2\\pi", "\\pi", False),
-    ("x^2-1", "(x-1)(x+1)", True), ("x^2-1", "(x-1)^2", False), ("3x^2", "3 x^2", True), ("a^2+b^2", "b^2+a^2", True),
-    ("\\frac{x+1}{2}", "\\frac{1}{2}x+\\frac{1}{2}", True), ("2^{n}", "2^n", True), ("n^2", "n*n", True),
-    ("x = 3", "x=3", True), ("x = 3", "3", True), ("y=x+1", "y = 1 + x", True), ("y=x+1", "y=x-1", False),
-    ("(4, -3)", "(4,-3)", True), ("(4, -3)", "(-3, 4)", False), ("(0, 1, 2)", "\\left(0,1,2\\right)", True),
-    ("[1, 5]", "[1,5]", True), ("[1, 5]", "(1,5)", False),
-    ("(-\\infty, -1) \\cup (1, \\infty)", "(1,\\infty)\\cup(-\\infty,-1)", True), ("(0, \\infty)", "x>0", True),
-    ("[3, \\infty)", "x \\ge 3", True), ("2, -3", "-3, 2", True), ("2, -3", "2", False),
-    ("\\{-1, 1\\}", "1, -1", True), ("\\pm 1", "1, -1", True), ("\\text{Tuesday}", "Tuesday", True),
-    ("\\text{Tuesday}", "\\text{Wednesday}", False), ("\\text{(A)}", "A", True), ("\\text{(A)}", "(D)", False),
-    ("1001_2", "1001", True), ("13_{4}", "13_4", True), ("7", "Thus, the final answer is 7.", True),
-    ("7", "Final Answer: $\\boxed{7}$", True), ("7", "Answer: $\\boxed{8}$", False),
-    ("\\frac{2}{5}", "The probability is $\\frac{2}{5}$.", True), ("24", "$$\\boxed{24}$$", True),
-    ("24", "... so \\boxed{24}.\n\nI hope it is correct.", True), ("15", "Step 1: 3*5 = 15\n#### 15", True),
-    ("15", "#### 15\n#### 16", False), ("3", "The answer is 3 apples.", True),
-    ("5", "The answer is \\(\\boxed{5}\\)", True), ("1", "\\boxed{1,000}", False), ("1000", "\\boxed{1,000}", True),
-    ("\\begin{pmatrix} 3 \\\\ 1 \\end{pmatrix}", "\\begin{pmatrix}3\\\\1\\end{pmatrix}", True),
-    ("\\begin{pmatrix} 3 \\\\ 1 \\end{pmatrix}", "(3, 1)", True), ("2+3i", "3i+2", True), ("0", "0.0", True),
-    ("-1", "-1.0", True), ("\\frac{1}{4}", "25\\%", True), ("e", "\\mathrm{e}", True), ("6", "3!", True),
-]
-
-def agreement(cases=None, # (gold, prediction, expected) rows; default `TRICKY_CASES`
+# %% ../nbs/01_verifier.ipynb #6bc515cc
+def agreement(cases: list, # (gold, prediction, expected) rows
               plain: bool = False, # grade with plain math-verify instead of `score`
               timeout: float = 2.0, workers: int | None = None) -> tuple[float, list]:
     "Fraction of `cases` graded as expected, and the rows that were not"
-    cases = TRICKY_CASES if cases is None else cases
-    if plain: got = [bool(r) for r in get_pool(workers or DEFAULT_WORKERS).run([("plain", (p,), (g,)) for g, p, _ in cases], timeout)]
-    else: got = [s.correct for s in score_batch([p for _, p, _ in cases], [g for g, _, _ in cases], timeout=timeout, workers=workers)]
-    wrong = [(g, p, e) for (g, p, e), r in zip(cases, got) if r != e]
+    if plain:
+        jobs = [("plain", (p,), (g,)) for g, p, _ in cases]
+        got = [bool(r) for r in get_pool(workers or DEFAULT_WORKERS).run(jobs, timeout)]
+    else:
+        scores = score_batch([p for _, p, _ in cases], [g for g, _, _ in cases], timeout=timeout, workers=workers)
+        got = [s.correct for s in scores]
+    wrong = [(g, p, e) for (g, p, e), r in zip(cases, got, strict=True) if r != e]
     return 1 - len(wrong) / len(cases), wrong
-
-# %% ../nbs/01_verifier.ipynb #76d2ab76
-MORE_CASES = [  # (gold, prediction, correct?): written after the code, each round graded before fixing
-    # integers: separators, signs, leading zeros, spaces
-    ("1000", "1 000", True), ("1234567", "1,234,567", True), ("1234567", "1\\,234\\,567", True),
-    ("1234567", "1{,}234{,}567", True),
-    ("-7", "-7", True), ("-7", "7", False), ("+7", "7", True), ("7", "+7", True), ("007", "7", True),
-    ("0", "00", True),
-    ("12", "12.", True), ("123", "1230", False), ("1,000", "1.000", False), ("-3", "- 3", True),
-    ("3", "\\(3\\)", True),
-    ("500", "5 \\times 10^2", True), ("42", "42\\text{.}", True), ("10", "ten", True), ("-0.5", "-.5", True),
-    # decimals and trailing zeros
-    ("2.50", "2.5", True), ("0.1", "0.10000", True), ("0.1", "0.01", False), ("3.14", "3.1400", True),
-    ("3.14", "3.141", False),
-    ("1.0", "1", True), ("100.0", "100", True), ("0.05", "5\\times 10^{-2}", True), ("0.33", "\\frac{1}{3}", False),
-    ("\\frac{1}{3}", "0.33", False), ("\\frac{2}{3}", "0.67", False), ("\\frac{1}{3}", "0.3333", False),
-    ("12.5", "12\\frac{1}{2}", True), ("-2.25", "-2\\frac14", True), ("0.125", "\\frac18", True),
-    # percent
-    ("40\\%", "40 \\%", True), ("40\\%", "40\\text{\\%}", True), ("40\\%", "0.4", True), ("40\\%", "4", False),
-    ("40\\%", "40 percent", True), ("12.5\\%", "\\frac{1}{8}", True), ("5\\%", "0.5", False), ("100\\%", "1", True),
-    ("33\\frac{1}{3}\\%", "\\frac{1}{3}", True), ("150\\%", "1.5", True), ("60", "60\\%", True),
-    ("6", "60\\%", False),
-    # fractions
-    ("\\dfrac{3}{8}", "\\frac{3}{8}", True), ("\\tfrac{3}{8}", "3/8", True), ("\\frac{3}{8}", "\\frac{8}{3}", False),
-    ("\\frac{-3}{4}", "-\\frac{3}{4}", True), ("\\frac{3}{-4}", "-0.75", True), ("-\\frac34", "\\frac34", False),
-    ("\\frac{10}{4}", "\\frac{5}{2}", True), ("\\frac{5}{2}", "2.5", True), ("\\frac{5}{2}", "2\\frac{1}{2}", True),
-    ("2\\frac12", "\\frac52", True), ("2\\frac{1}{2}", "2.5", True), ("2\\frac{1}{2}", "1", False),
-    ("\\frac{1}{2}+\\frac{1}{3}", "\\frac{5}{6}", True), ("\\frac{14}{3}", "4\\frac{2}{3}", True),
-    ("4\\frac{2}{3}", "4.67", False),
-    ("\\frac{a}{b}", "a/b", True), ("\\frac{x}{2}", "0.5x", True), ("\\frac{1}{x}", "x^{-1}", True),
-    ("\\frac{1}{x}", "x", False),
-    ("\\frac{7}{9}", "\\frac{14}{18}", True), ("\\frac{7}{9}", "0.\\overline{7}", True),
-    # surds
-    ("2\\sqrt3", "\\sqrt{12}", True), ("2\\sqrt{3}", "\\sqrt{6}", False), ("\\sqrt{50}", "5\\sqrt{2}", True),
-    ("\\frac{\\sqrt{3}}{2}", "\\frac{1}{2}\\sqrt{3}", True), ("\\frac{\\sqrt{3}}{2}", "0.866", False),
-    ("\\sqrt[3]{8}", "2", True),
-    ("\\sqrt[3]{2}", "2^{1/3}", True), ("\\sqrt{2}", "2^{\\frac{1}{2}}", True), ("\\sqrt{2}", "1.414", False),
-    ("3\\sqrt{2}", "\\sqrt{18}", True), ("\\frac{2}{\\sqrt{2}}", "\\sqrt{2}", True),
-    ("5-\\sqrt{3}", "-\\sqrt{3}+5", True),
-    ("5-\\sqrt{3}", "\\sqrt{3}-5", False), ("\\sqrt{3}+\\sqrt{2}", "\\sqrt{2}+\\sqrt{3}", True),
-    # pi
-    ("2\\pi", "\\pi \\cdot 2", True), ("\\frac{\\pi}{2}", "\\pi/2", True), ("\\frac{\\pi}{2}", "90", False),
-    ("\\frac{4}{3}\\pi", "\\frac{4\\pi}{3}", True), ("16\\pi", "16 \\pi \\text{ square units}", True),
-    ("\\pi r^2", "r^2\\pi", True),
-    ("8\\pi", "8\\pi\\text{ cm}^2", True), ("8\\pi", "25.13", False), ("36\\pi", "36", False),
-    # scientific notation
-    ("3.2\\times10^{5}", "320000", True), ("320000", "3.2 \\cdot 10^5", True), ("1.2\\times 10^{-3}", "0.0012", True),
-    ("1.2\\times10^{-3}", "0.012", False), ("6\\times 10^{23}", "6 \\times 10^{22}", False), ("2.5e3", "2500", True),
-    ("10^6", "1000000", True), ("10^{-2}", "0.01", True), ("10^{-2}", "0.1", False),
-    # units and text
-    ("4 \\text{ cm}", "4", True), ("4 \\mbox{cm}", "4\\,\\text{cm}", True), ("4 \\text{cm}", "5 \\text{cm}", False),
-    ("12 \\text{ inches}", "12", True), ("12\\text{ in}", "12 inches", True), ("\\$12.50", "12.50 dollars", True),
-    ("\\$12.50", "\\$12.5", True), ("\\$12.50", "1250", False), ("30 \\text{ mph}", "30", True),
-    ("6 \\text{ hours}", "6", True),
-    ("25\\text{ m}^2", "25", True), ("18 \\text{ square units}", "18", True), ("5 \\text{ ways}", "5", True),
-    ("9 \\text{ students}", "9", True), ("90^\\circ", "90^{\\circ}", True), ("45", "45^\\circ", True),
-    ("45^\\circ", "45 °", True),
-    ("270^\\circ", "270 \\text{degrees}", True), ("20^\\circ", "20\\text{°}", True), ("180^\\circ", "\\pi", False),
-    ("3 \\text{ km}", "3000 \\text{ m}", False), ("2 \\text{ hr}", "2", True), ("7 \\text{ days}", "7", True),
-    # multiple choice
-    ("\\text{(C)}", "c", True), ("\\text{(C)}", "(c)", True),
-    ("\\text{(C)}", "\\text{C}", True), ("C", "\\text{(C)}", True), ("\\mathrm{(D)}", "D", True), ("(D)", "D)", True),
-    ("\\text{(C)}", "\\text{(D)}", False), ("B", "C", False), ("\\textbf{(E)}", "E", True),
-    ("\\text{(A)}", "\\textbf{(A) }5", True),
-    # intervals and unions
-    ("[0, 1)", "[0,1)", True), ("[0, 1)", "[0,1]", False), ("[0,1)", "(0,1)", False),
-    ("(-\\infty, 3]", "(-\\infty,3]", True),
-    ("(-\\infty,3]", "(-\\infty,3)", False),
-    ("(-\\infty, -2] \\cup [2, \\infty)", "(-\\infty,-2]\\cup[2,\\infty)", True),
-    ("(-\\infty, -2] \\cup [2, \\infty)", "(-\\infty,-2)\\cup(2,\\infty)", False),
-    ("(1, 4)", "\\left(1, 4\\right)", True),
-    ("(-1,1)", "-1 < x < 1", True), ("[-1,1]", "-1 \\leq x \\leq 1", True), ("(-\\infty, 5)", "x < 5", True),
-    ("(-\\infty, 5)", "x \\le 5", False), ("[\\frac{1}{2}, 3]", "[0.5, 3]", True),
-    ("(0, \\frac{\\pi}{2})", "(0,\\pi/2)", True),
-    ("\\mathbb{R}", "(-\\infty, \\infty)", True), ("(-\\infty, \\infty)", "(-\\infty,\\infty)", True),
-    # sets and unordered lists
-    ("1, 2", "2, 1", True), ("1, 2", "x=1 \\text{ or } x=2", True), ("1, 2", "x = 1, 2", True), ("1,2", "1", False),
-    ("1,2", "1,2,3", False), ("\\{1, 2\\}", "\\{2, 1\\}", True), ("\\{1,2,3\\}", "\\{1,2\\}", False),
-    ("-1, 3", "3,-1", True), ("-1, 3", "1, 3", False), ("\\frac{1}{2}, -3", "-3, 0.5", True),
-    ("2, -2", "\\pm 2", True), ("x=2, y=3", "y=3, x=2", True), ("0, 1, 2", "\\{0,1,2\\}", True),
-    ("a, b", "b, a", True),
-    ("1 \\text{ and } 2", "1, 2", True), ("-4, 4", "x=\\pm4", True),
-    ("\\{1, 3\\} \\cup \\{2\\}", "\\{1,2,3\\}", True),
-    # ordered tuples and points
-    ("(1, 2)", "(2, 1)", False), ("(1, 2, 3)", "(1, 2)", False), ("(1,2)", "(1, 2, 3)", False),
-    ("(-1, \\frac{1}{2})", "(-1, 0.5)", True),
-    ("(3,-4)", "(3, -4)", True), ("(3,-4)", "(3,4)", False), ("(0,0)", "(0, 0)", True),
-    ("(\\sqrt2, 1)", "(\\sqrt{2},1)", True),
-    ("(2, 3)", "x=2, y=3", True), ("(1,1,1)", "\\langle 1, 1, 1\\rangle", True), ("(a,b) = (1,2)", "(1,2)", True),
-    # matrices
-    ("\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}", "\\begin{bmatrix} 1 & 2 \\\\ 3 & 4 \\end{bmatrix}", True),
-    ("\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}", "\\begin{pmatrix} 1 & 3 \\\\ 2 & 4 \\end{pmatrix}", False),
-    ("\\begin{pmatrix} 1/2 & 0 \\\\ 0 & 1 \\end{pmatrix}", "\\begin{pmatrix} 0.5 & 0 \\\\ 0 & 1 \\end{pmatrix}", True),
-    ("\\begin{pmatrix} 2 \\\\ -1 \\end{pmatrix}", "\\begin{pmatrix} 2 \\\\ 1 \\end{pmatrix}", False),
-    ("\\begin{pmatrix} 2 \\\\ -1 \\end{pmatrix}", "(2,-1)", True),
-    ("\\begin{pmatrix} 0 & 1 \\\\ 1 & 0 \\end{pmatrix}", "\\left[\\begin{array}{cc} 0 & 1 \\\\ 1 & 0 \\end{array}\\right]", True),
-    # equations
-    ("y = 3x - 2", "y=-2+3x", True), ("y = 3x - 2", "3x-2", True), ("y = 3x - 2", "y=3x+2", False),
-    ("x = -4", "-4", True),
-    ("x = -4", "x=4", False), ("x^2 + y^2 = 25", "y^2+x^2=25", True), ("x^2+y^2=25", "x^2+y^2=5", False),
-    ("2x + 3y = 6", "3y + 2x = 6", True), ("y = \\frac{1}{2}x + 1", "y=0.5x+1", True), ("a = 5", "a=5", True),
-    ("f(x) = 2x+1", "2x+1", True), ("x + y = 1", "y = 1 - x", True),
-    # expressions
-    ("(x-1)(x+2)", "x^2+x-2", True), ("x^2+x-2", "(x+1)(x-2)", False), ("3(x+2)", "3x+6", True),
-    ("a^2-b^2", "(a-b)(a+b)", True),
-    ("2^{x+1}", "2\\cdot 2^x", True), ("\\frac{x^2-1}{x-1}", "x+1", True), ("x^3", "x\\cdot x \\cdot x", True),
-    ("4x^2-9", "(2x-3)(2x+3)", True), ("4x^2-9", "(2x-3)^2", False), ("2ab", "2ba", True),
-    ("n(n+1)/2", "\\frac{n^2+n}{2}", True),
-    ("x^{2}", "x^2", True), ("x^2y", "yx^2", True),
-    # trig and logs
-    ("\\frac{1}{2}", "\\sin 30^\\circ", True), ("\\frac{\\sqrt{2}}{2}", "\\cos\\frac{\\pi}{4}", True),
-    ("1", "\\tan 45^\\circ", True),
-    ("\\sin x", "\\cos x", False), ("2\\sin x\\cos x", "\\sin 2x", True), ("\\log_2 16", "4", True),
-    ("\\ln e^2", "2", True),
-    ("\\log 100", "2", True), ("\\log_3 9", "3", False), ("\\ln 2", "\\log 2", False), ("2\\ln 3", "\\ln 9", True),
-    ("\\frac{\\pi}{3}", "\\arccos\\frac12", True), ("\\sin^2 x + \\cos^2 x", "1", True),
-    # infinity
-    ("\\infty", "\\infty", True), ("\\infty", "infinity", True), ("-\\infty", "\\infty", False),
-    ("\\infty", "+\\infty", True),
-    # complex
-    ("3+4i", "4i+3", True), ("3+4i", "3-4i", False), ("i", "\\sqrt{-1}", True), ("-i", "i", False),
-    ("2i", "2 i", True),
-    ("\\frac{1}{2}+\\frac{\\sqrt3}{2}i", "\\frac{1+i\\sqrt3}{2}", True), ("5", "5+0i", True), ("1+i", "(1+i)", True),
-    # bases
-    ("1011_2", "1011", True), ("1011_2", "11", False), ("1011_2", "1011_{2}", True), ("1011_2", "1101_2", False),
-    ("2A_{16}", "2A_16", True), ("123_4", "123_{4}", True), ("10_8", "8", False),
-    # AIME padding and integer forms
-    ("045", "45", True), ("005", "5", True), ("045", "\\boxed{045}", True), ("045", "54", False),
-    ("100", "0100", True),
-    # whole responses
-    ("72", "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\nAltogether she sold 48+24 = <<48+24=72>>72 clips.\n#### 72", True),
-    ("72", "She sold <<48+24=72>>72 clips.\n#### 73", False), ("1,080", "So the total is 1080.\n#### 1,080", True),
-    ("5", "The answer is 5", True), ("5", "The answer is: 5.", True), ("5", "Therefore, the answer is $5$.", True),
-    ("5", "**Answer:** 5", True), ("5", "Final answer: \\boxed{5}", True),
-    ("5", "$\\boxed{3}$ is wrong... the answer is $\\boxed{5}$", True),
-    ("5", "\\boxed{5} \\boxed{6}", False), ("5", "\\boxed{}", False), ("5", "\\fbox{5}", True),
-    ("(1,2)", "\\boxed{\\left( 1, 2 \\right)}", True), ("\\frac{1}{2}", "\\boxed{\\frac{1}{2}\\!}", True),
-    ("1000", "\\boxed{1\\,000}", True), ("2", "We get $x = 2$. \\boxed{2}", True),
-    ("\\frac{3}{4}", "so $p = \\boxed{\\dfrac{3}{4}}$.", True),
-    ("8", "The final answer is $\\boxed{8}$. I hope it is correct.", True),
-    ("8", "The answer is \\boxed{9}. I hope it is correct.", False),
-    ("10", "<think>Let me see, 5+5.</think> The answer is \\boxed{10}.", True),
-    ("12", "The area is 12 square units.", True),
-    ("(C)", "The answer is \\boxed{\\text{(C)}}", True), ("B", "Answer: (B)", True), ("B", "Answer: (D)", False),
-    ("\\sqrt{2}", "Thus $x=\\boxed{\\sqrt{2}}$.", True), ("3", "#### 3\n", True), ("3", "\\boxed{3.}", True),
-    ("-1", "\\boxed{-1}", True), ("-1", "\\boxed{1}", False), ("2", "\\[\\boxed{2}\\]", True),
-    # letters that are variables, not units
-    ("2ab", "2", False), ("4a+3d", "4a+3", False), ("3h", "3", False), ("5t", "5", False), ("2m", "2", False),
-    ("6s", "6s", True), ("\\frac{3}{2}c", "1.5c", True),
-    # more integers
-    ("-1000", "-1,000", True), ("1,000,000", "10^6", True), ("1000000", "1 million", True), ("2", "two", True),
-    ("15", "fifteen", True), ("0", "zero", True), ("9", "seven", False), ("-2", "(-2)", True), ("5", "5.000", True),
-    ("5", "4.999", False), ("17", "\\mathbf{17}", True), ("17", "\\textbf{17}", True), ("17", "{17}", True),
-    # decimals / rounding
-    ("0.625", "\\frac{5}{8}", True), ("3.5", "\\frac{7}{2}", True), ("3.5", "\\frac{2}{7}", False),
-    ("0.2", "\\frac{1}{5}", True),
-    ("1.5", "3/2", True), ("\\frac{22}{7}", "\\pi", False), ("0.\\overline{3}", "\\frac13", True),
-    ("0.1\\overline{6}", "\\frac{1}{6}", True),
-    ("0.\\overline{3}", "0.3", False), ("\\frac{1}{6}", "0.1\\overline{6}", True),
-    # percent in prose
-    ("25\\%", "25%", True), ("25\\%", "25 \\text{ percent}", True), ("25\\%", "\\frac{1}{4}", True),
-    ("25\\%", "0.025", False),
-    ("2.5\\%", "0.025", True), ("2.5\\%", "2.5", True),
-    # money
-    ("\\$1,250", "1250", True), ("\\$1,250", "\\$1250.00", True), ("\\$1,250", "1,250 dollars", True),
-    ("1250", "\\$ 1,250", True),
-    ("\\$0.75", "75 \\text{ cents}", False), ("\\$5", "\\$5.00", True), ("5", "\\textdollar 5", True),
-    ("\\$5", "\\$50", False),
-    # units variants
-    ("10 \\text{ m/s}", "10", True), ("4\\text{ ft}^2", "4", True), ("100 \\text{ km}", "100km", True),
-    ("3 \\text{ cups}", "3", True),
-    ("2.5 \\text{ hours}", "2.5", True), ("2.5\\text{ hours}", "2\\frac{1}{2}", True), ("8 \\text{ cm}^3", "8", True),
-    ("8\\text{cm}^3", "9", False),
-    ("\\frac{1}{2}\\text{ inch}", "0.5", True), ("\\frac{1}{2}\\text{ inch}", "\\frac{1}{3}", False),
-    ("48\\text{ sq ft}", "48", True),
-    ("5\\sqrt{2}\\text{ cm}", "5\\sqrt2", True), ("6\\mathrm{m}", "6", True), ("30\\text{th}", "30", True),
-    # degrees / trig degrees
-    ("60^\\circ", "\\frac{\\pi}{3}", False), ("\\frac{\\sqrt{3}}{2}", "\\cos 30^\\circ", True),
-    ("\\frac{\\sqrt{3}}{2}", "\\sin 60°", True),
-    ("0", "\\cos 90^{\\circ}", True), ("-1", "\\cos 180^\\circ", True), ("1", "\\sin 90^\\circ", True),
-    ("\\frac{1}{2}", "\\cos 30^\\circ", False),
-    ("30^\\circ", "30 \\text{degrees}", True), ("30^{\\circ}", "30^\\circ", True),
-    # multiple choice
-    ("\\textbf{(B)}", "B", True), ("\\text{(B) }12", "B", True), ("B", "\\boxed{B}", True), ("\\text{B}", "b", True),
-    ("(A)", "\\text{A}", True), ("(A)", "A.", True), ("A", "(A) 5", True), ("A", "D", False),
-    ("\\textbf{(A)}\\ 5", "A", True),
-    # intervals
-    ("(-2, 3]", "\\left(-2,3\\right]", True), ("(-2, 3]", "-2 < x \\le 3", True), ("(-2,3]", "-2 \\le x < 3", False),
-    ("[1, \\infty)", "[1,\\infty)", True), ("[1,\\infty)", "(1,\\infty)", False),
-    ("(-\\infty, 1) \\cup (1, \\infty)", "x \\neq 1", True),
-    ("[-3, 3]", "|x| \\le 3", True), ("(0,1)\\cup(2,3)", "(2,3)\\cup(0,1)", True),
-    ("(0,1)\\cup(2,3)", "(0,1)", False),
-    ("x \\in (0, 5)", "(0,5)", True), ("(0,5)", "x\\in(0,5)", True),
-    ("\\left[ -\\frac{1}{2}, \\frac{1}{2} \\right]", "[-0.5,0.5]", True),
-    # sets / lists / solutions
-    ("\\{2, 4, 6\\}", "2, 4, 6", True), ("\\{2, 4, 6\\}", "\\{6, 4, 2\\}", True), ("\\{2,4,6\\}", "\\{2,4\\}", False),
-    ("\\emptyset", "\\varnothing", True), ("\\emptyset", "\\{\\}", True), ("\\emptyset", "0", False),
-    ("x=3, x=-3", "\\pm3", True), ("3, -3", "x = 3 \\text{ and } x = -3", True), ("3,-3", "x=3", False),
-    ("1, 2, 3", "1,2,3", True), ("1, 2, 3", "1; 2; 3", True), ("-\\frac12, 2", "2, -0.5", True),
-    ("2 \\pm \\sqrt{3}", "2+\\sqrt3, 2-\\sqrt3", True), ("2 \\pm \\sqrt{3}", "2-\\sqrt{3}, 2+\\sqrt{3}", True),
-    ("2\\pm\\sqrt3", "2 \\pm \\sqrt{2}", False),
-    ("x = \\frac{-1 \\pm \\sqrt{5}}{2}", "\\frac{-1+\\sqrt5}{2}, \\frac{-1-\\sqrt5}{2}", True),
-    # tuples
-    ("(1, -1)", "\\left( 1, -1 \\right)", True), ("(1, -1)", "(1,-1,0)", False),
-    ("(\\frac12, \\frac13)", "(0.5, 1/3)", True),
-    ("(1,2)", "[1,2]", False), ("(1, 2)", "x = 1, y = 2", True), ("(1,2)", "x=2, y=1", False),
-    ("(3, 4, 5)", "(3,4,5)", True),
-    ("(-1, 2)", "(x, y) = (-1, 2)", True), ("(2,3)", "(2, 3)", True),
-    # matrices / vectors
-    ("\\begin{pmatrix} 1 \\\\ 0 \\end{pmatrix}", "\\begin{pmatrix}1\\\\0\\end{pmatrix}", True),
-    ("\\begin{pmatrix} 1 \\\\ 0 \\end{pmatrix}", "\\begin{pmatrix}0\\\\1\\end{pmatrix}", False),
-    ("\\begin{pmatrix} 2 & 0 \\\\ 0 & 2 \\end{pmatrix}", "2\\begin{pmatrix} 1 & 0 \\\\ 0 & 1 \\end{pmatrix}", True),
-    ("\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}", "\\begin{pmatrix} 1 & 2 & 3 & 4 \\end{pmatrix}", False),
-    ("\\begin{bmatrix} 1 \\\\ 2 \\\\ 3 \\end{bmatrix}", "\\begin{pmatrix} 1 \\\\ 2 \\\\ 3 \\end{pmatrix}", True),
-    ("\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}", "\\langle 1, 2 \\rangle", True),
-    # equations
-    ("y = -\\frac{1}{2}x + 3", "y = 3 - \\frac{x}{2}", True), ("y = -\\frac{1}{2}x + 3", "y=-2x+3", False),
-    ("x^2 + y^2 = 4", "x^2+y^2-4=0", True),
-    ("y = 2", "2", True), ("y=x^2", "y = x^2", True), ("y = x^2", "x^2 = y", True), ("3x - 2y = 6", "3x-2y=6", True),
-    ("x = 1", "x = 1.0", True), ("x=\\frac12", "x=0.5", True), ("z = 4", "4", True), ("b = 7", "b=8", False),
-    # expressions
-    ("\\frac{x+2}{x-1}", "\\frac{2+x}{-1+x}", True), ("\\frac{x+2}{x-1}", "\\frac{x-2}{x+1}", False),
-    ("e^{2x}", "(e^x)^2", True),
-    ("x^2 - 5x + 6", "(x-2)(x-3)", True), ("x^2 - 5x + 6", "(x+2)(x+3)", False),
-    ("\\frac{1}{x+1}", "(x+1)^{-1}", True),
-    ("a(b+c)", "ab+ac", True), ("2^{10}", "2^{11}", False), ("3n+1", "1+3n", True), ("n^3", "n^2", False),
-    ("\\sqrt{x}", "x^{1/2}", True), ("\\frac{a+b}{2}", "\\frac{a}{2}+\\frac{b}{2}", True), ("x-y", "y-x", False),
-    # logs & exps
-    ("\\log_2 3", "\\frac{\\ln 3}{\\ln 2}", True), ("e^2", "e^{2}", True), ("e", "2.718", False),
-    ("\\ln 8", "3\\ln 2", True),
-    ("\\log_{10} 1000", "3", True), ("2^{-3}", "\\frac18", True), ("e^{-1}", "\\frac{1}{e}", True),
-    # infinity
-    ("-\\infty", "-\\infty", True), ("\\infty", "\\text{infinity}", True), ("\\infty", "1000000", False),
-    ("\\infty", "\\infin", True),
-    # complex
-    ("1-i", "-i+1", True), ("\\frac{1+i}{2}", "\\frac12+\\frac12i", True), ("2+3i", "2+3j", False),
-    ("-1", "i^2", True),
-    ("2e^{i\\pi/3}", "1+\\sqrt{3}i", True), ("3i", "-3i", False), ("\\pm i", "i, -i", True),
-    # bases
-    ("101_2", "5", False), ("101_{2}", "101_2", True), ("FF_{16}", "FF_16", True), ("333_4", "333", True),
-    ("21_3", "21_4", False),
-    # AIME padding
-    ("070", "70", True), ("070", "7", False), ("999", "0999", True),
-    # whole responses
-    ("25", "Step 1: 5 * 5 = <<5*5=25>>25\n#### 25", True), ("25", "5*5=<<5*5=25>>25\n#### 25.00", True),
-    ("25", "#### 2 5", False),
-    ("1200", "The total cost is $1,200.\n#### $1,200", True), ("0.5", "The probability is 1/2.", True),
-    ("12", "The answer is $\\boxed{12}$ square units.", True), ("12", "So we get \\boxed{12\\text{ cm}}.", True),
-    ("\\frac{1}{4}", "Answer: $\\frac14$", True),
-    ("\\frac{1}{4}", "**Final Answer**\n\n$\\boxed{\\frac{1}{4}}$", True),
-    ("4", "The final answer is: 4", True), ("4", "Thus, the answer is **4**.", True),
-    ("4", "Thus, the answer is **5**.", False),
-    ("6", "\\boxed{6} is the answer. Double-checking: 2*3=6.", True),
-    ("6", "First guess \\boxed{5}. Actually \\boxed{6}.", True),
-    ("6", "\\boxed{6}. But wait, the answer is \\boxed{7}.", False), ("3", "\\boxed{\\text{3}}", True),
-    ("(2,3)", "\\boxed{(2,3)}", True),
-    ("\\frac{\\sqrt{2}}{2}", "$$\\boxed{\\frac{\\sqrt2}{2}}$$", True), ("\\pi", "\\boxed{\\pi}", True),
-    ("x=2", "\\boxed{x = 2}", True),
-    ("2", "\\fbox{$2$}", True), ("10", "The answer: \\boxed{\\textbf{10}}", True),
-    ("10", "<think>\nhmm 11?\n</think>\n\\boxed{10}", True),
-    ("10", "<think>\nthe answer is 10\n</think>\n\\boxed{11}", False), ("5", "\\boxed{5}\\boxed{}", True),
-    # mixed numbers and unicode
-    ("2.5", "2 1/2", True), ("1", "2 1/2", False), ("\\frac{7}{4}", "1 3/4", True), ("-2.5", "-2 1/2", True),
-    ("\\frac12", "½", True), ("\\frac34", "¾", True), ("x^2", "x²", True), ("9", "3²", True), ("8", "2³", True),
-    ("\\frac13", "¼", False),
-    # number notation
-    ("1234.56", "1,234.56", True), ("1234.56", "1,234.65", False), ("+5", "5", True),
-    ("6.02\\times10^{23}", "6.02e23", True),
-    ("1.5\\cdot 10^{-4}", "0.00015", True), ("1.5\\cdot10^{-4}", "0.0015", False), ("10^{-3}", "10^{3}", False),
-    ("1e3", "1e4", False),
-    ("3\\times 4", "12", True), ("2^5", "32", True), ("20!", "2432902008176640000", True),
-    ("\\binom{6}{3}", "20", True),
-    # approximations are not exact answers
-    ("\\pi", "3.14159", False), ("\\sqrt{2}", "1.41", False), ("\\frac{2}{3}", "0.667", False), ("e", "e^1", True),
-    # percent edge
-    ("50\\%", "\\frac{1}{2}", True), ("50\\%", "5\\%", False), ("\\frac{1}{2}", "50%", True),
-    ("0.5\\%", "0.005", True),
-    # money
-    ("\\$5.50", "5.05", False), ("\\$5.50", "\\$5.5", True), ("\\$1,000,000", "1 million dollars", True),
-    ("2.5", "\\$2.50", True),
-    # text answers
-    ("\\text{No}", "no", True), ("\\text{No}", "\\text{yes}", False), ("\\text{True}", "true", True),
-    ("\\text{odd}", "\\textbf{odd}", True),
-    ("\\text{Sunday}", "sunday", True), ("\\text{circle}", "\\text{Circle}", True),
-    ("\\text{circle}", "\\text{ellipse}", False),
-    # choices in prose
-    ("C", "The answer is (C) 42.", True), ("C", "The answer is C.", True),
-    ("C", "Therefore, $\\boxed{\\textbf{(C)}}$", True),
-    ("\\text{(C)}", "$\\boxed{\\textbf{(C) }42}$", True), ("\\text{(C)}", "\\boxed{(D)}", False),
-    ("D", "Answer: D", True),
-    # intervals / inequalities
-    ("(2, \\infty)", "(2,+\\infty)", True), ("[-1, \\infty)", "x \\geq -1", True), ("[-1,\\infty)", "x > -1", False),
-    ("(-\\infty, 2) \\cup (3, \\infty)", "x < 2 \\text{ or } x > 3", True), ("[0,1] \\cup [2,3]", "[0,3]", False),
-    ("(1, 2]", "(1, 2)", False), ("(-\\infty, \\infty)", "\\mathbb{R}", True), ("(-3, 3)", "-3<x<3", True),
-    ("(-3,3)", "-3\\le x\\le 3", False),
-    # sets and lists
-    ("1, 2, 3", "1, 2, 3, 4", False), ("\\{3, 4\\}", "3 \\text{ or } 4", True),
-    ("3, 4", "x = 4 \\text{ or } x = 3", True),
-    ("5, -5", "x = 5 \\text{ or } x = -5", True), ("5, -5", "x = 5 \\text{ or } x = 5", False),
-    ("\\{-2\\}", "-2", True),
-    ("0", "\\{0\\}", True), ("\\frac{1}{2}, 1", "1, \\frac{2}{4}", True),
-    # equations
-    ("y = 2x + 3", "y - 2x = 3", True), ("y = 2x + 3", "y - 2x = -3", False), ("x = 5", "x = -5", False),
-    ("f(x) = x^2", "x^2", True),
-    ("x^2 + y^2 = 9", "x^2+y^2=3^2", True), ("2x - y = 1", "y = 2x - 1", True), ("y = 2x - 1", "y = 2x+1", False),
-    # expressions with functions
-    ("\\frac{\\sin x}{\\cos x}", "\\tan x", True), ("\\cos^2 x - \\sin^2 x", "\\cos 2x", True),
-    ("\\log_2 (8)", "3", True),
-    ("\\sqrt{x^2}", "|x|", True), ("|x-1|", "|1-x|", True), ("|x-1|", "x-1", False),
-    # complex
-    ("\\frac{3}{5} - \\frac{4}{5}i", "\\frac{3-4i}{5}", True), ("\\frac{3}{5}-\\frac45 i", "\\frac{3+4i}{5}", False),
-    ("1+i", "\\sqrt{2}e^{i\\pi/4}", True),
-    ("2i", "i+i", True), ("-i", "\\frac{1}{i}", True),
-    # negatives and near-misses
-    ("-\\frac{1}{2}", "\\frac{1}{2}", False), ("2\\sqrt{2}", "\\sqrt{2}", False), ("\\sqrt{2}", "\\sqrt{2}/2", False),
-    ("-3", "3", False), ("(-1,-2)", "(1,2)", False), ("1/3", "0.333", False), ("10", "100", False),
-    ("x+1", "x-1", False),
-    # whole responses
-    ("5", "The answer is $x = 5$.", True), ("5", "Hence \\[x = 5.\\]", True),
-    ("5", "We find that $x=5$, so the solution is $x=5$.", True),
-    ("1,000,000", "She has 1000000 dollars.\n#### 1,000,000", True), ("5\\%", "\\boxed{5\\%}", True),
-    ("5", "\\boxed{\\$5}", True),
-    ("2", "\\boxed{\\displaystyle 2}", True), ("\\frac23", "\\boxed{\\displaystyle\\frac{2}{3}}", True),
-    ("12", "**12**", True),
-    ("3", "\\begin{align*} x &= 3 \\end{align*} \\boxed{3}", True), ("7", "The answer is 7 (seven).", True),
-    ("7", "The final answer is $\\boxed{7}$.\n\nThe final answer is $\\boxed{7}$.", True),
-    ("3", "\\boxed{3} \\quad \\boxed{4}", False),
-    # LaTeX spacing and wrappers
-    ("\\frac{1}{2}", "\\frac {1} {2}", True), ("\\frac{1}{2}", "{\\frac{1}{2}}", True),
-    ("\\{1,2\\}", "\\left\\{1, 2\\right\\}", True),
-    ("\\{1,2\\}", "x \\in \\{1, 2\\}", True), ("\\sqrt[3]{27}", "3", True), ("\\sqrt[3]{27}", "9", False),
-    ("3", "\\sqrt{9}", True),
-    ("\\frac{\\sqrt{5}}{5}", "\\frac{1}{\\sqrt{5}}", True), ("\\frac{\\sqrt5}{5}", "\\frac{\\sqrt5}{3}", False),
-    ("2", "\\dfrac{4}{2}", True),
-    ("25^\\circ \\text{C}", "25", True), ("25^\\circ", "25^\\circ \\text{C}", True), ("5 \\text{ cm.}", "5", True),
-    ("100", "100\\text{ meters}", True), ("3", "3\\ \\text{feet}", True), ("3", "3\\,\\mathrm{m}", True),
-    ("3", "3\\, \\text{cm}^{2}", True),
-    # formatted numbers
-    ("10000", "10{,}000", True), ("10000", "10\\,000", True), ("10000", "10 000", True), ("10000", "1000", False),
-    ("12345", "12 345", True),
-    # powers of ten / sci notation near misses
-    ("3\\times10^8", "3 \\times 10^9", False), ("3\\times 10^8", "300,000,000", True),
-    ("4.5 \\times 10^{-5}", "0.000045", True),
-    ("4.5\\times10^{-5}", "0.00045", False), ("2^{20}", "1048576", True), ("2^{20}", "1048575", False),
-    # fractions vs decimals, exact
-    ("\\frac{1}{8}", "0.12", False), ("\\frac{9}{16}", "0.5625", True), ("\\frac{9}{16}", "0.5626", False),
-    ("-\\frac{7}{2}", "-3.5", True), ("-\\frac72", "3.5", False), ("\\frac{100}{3}", "33\\frac{1}{3}", True),
-    ("\\frac{100}{3}", "33.3", False),
-    # pi and roots
-    ("\\pi^2", "\\pi \\cdot \\pi", True), ("2\\pi r", "2r\\pi", True), ("\\frac{\\pi}{4}", "45^\\circ", False),
-    ("4\\sqrt{2}\\pi", "\\sqrt{32}\\pi", True),
-    ("\\frac{1}{\\sqrt{2}}", "\\frac{\\sqrt2}{2}", True), ("\\sqrt{3}-1", "-1+\\sqrt3", True),
-    ("\\sqrt{3}-1", "1-\\sqrt3", False),
-    # algebraic
-    ("x(x+1)", "x^2+x", True), ("(x+y)^2", "x^2+2xy+y^2", True), ("(x+y)^2", "x^2+y^2", False),
-    ("\\frac{2}{x}", "2x^{-1}", True),
-    ("a^3 b^2", "b^2a^3", True), ("\\frac{n(n-1)}{2}", "\\binom{n}{2}", True), ("2^n - 1", "2^{n}-1", True),
-    ("2^n-1", "2^{n-1}", False),
-    # equations and assignments
-    ("k = 2", "k=2", True), ("k=2", "2", True), ("k = 2", "k=-2", False), ("m = -\\frac{3}{4}", "-0.75", True),
-    ("n = 10", "n=10.0", True),
-    ("y=\\frac{3}{2}x", "y=1.5x", True), ("y = 3", "y = -3", False),
-    # lists and tuples with text
-    ("(1, 3)", "(1,3)", True), ("(1,3)", "(3,1)", False), ("1, 3", "3 and 1", True), ("1, 3", "1 and 3 and 5", False),
-    ("\\text{A, C}", "A, C", True), ("\\text{A, C}", "C, A", True), ("\\text{A, C}", "A", False),
-    # complex
-    ("-1 + 2i", "2i - 1", True), ("-1+2i", "-1-2i", False), ("\\sqrt{2} i", "i\\sqrt{2}", True),
-    ("4", "(1+i)(1-i)\\cdot 2", True),
-    # bases, digits
-    ("111_2", "7", False), ("7_{10}", "7", True), ("10_2", "2", False), ("1A_{16}", "1A_16", True),
-    # misc
-    ("\\text{undefined}", "undefined", True), ("\\text{none}", "\\text{None}", True), ("\\text{none}", "0", False),
-    ("6", "6 \\text{ ways}", True), ("12", "12 \\text{ students}", True), ("50", "50 \\text{ mph}", True),
-    ("50", "5", False),
-    # whole responses
-    ("14", "Janet has 3 + 4 = <<3+4=7>>7 apples, so 2 * 7 = <<2*7=14>>14.\n#### 14", True),
-    ("14", "3 + 4 = <<3+4=7>>7\n#### 7", False), ("14", "She pays $14.", True), ("14", "$14$", True),
-    ("\\frac{5}{2}", "Thus $\\boxed{5/2}$.", True), ("\\frac{5}{2}", "Final answer: $\\frac{5}{2}$", True),
-    ("\\frac{5}{2}", "The answer is $\\frac52$ or 2.5.", True), ("2", "the answer is 2, since $1+1 = 2$.", True),
-    ("(1, 2)", "So the point is $(1,2)$.", True), ("(1, 2)", "So the point is $(2,1)$.", False),
-    ("\\text{(A)}", "\\boxed{A}", True), ("\\text{(A)}", "\\boxed{\\mathrm{(A)}}", True),
-    ("\\text{(A)}", "\\boxed{\\text{A}}", True),
-    ("\\frac{\\pi}{3}", "\\boxed{\\dfrac{\\pi}{3}}", True), ("\\frac{\\pi}{3}", "\\boxed{60^\\circ}", False),
-    ("10", "x = 2 \\cdot 5 = 10", True), ("10", "2 \\cdot 5 = 10", True), ("10", "5 + 5 = 11", False),
-    ("5", "5 = x", True),
-    ("3.14", "\\approx 3.14", True), ("3.14", "x \\approx 3.14", True), ("\\text{square}", "a square", True),
-    ("\\text{square}", "\\text{a square}", True),
-    ("\\emptyset", "\\text{the empty set}", True), ("0.5", "#### 0.5", True), ("1234.5", "1,234.50", True),
-    ("-12\\%", "-0.12", True),
-    ("-12\\%", "12\\%", False), ("5", "\\boxed{5} \\text{ dollars}", True), ("a \\neq 1", "a \\ne 1", True),
-    ("x \\leq 3", "x \\le 3", True),
-    ("x \\leq 3", "x < 3", False), ("-0.5", "-\\frac{1}{2}", True), ("1,234", "1234.0", True),
-    ("(1,2), (3,4)", "(3,4), (1,2)", True), ("(1,2), (3,4)", "(1,2)", False), ("(1,2),(3,4)", "(2,1),(4,3)", False),
-    ("\\frac{1}{2}", "\\frac{1}{2}\\text{.}", True), ("\\text{Alice}", "Alice.", True),
-    ("\\text{Alice}", "\\text{Bob}", False),
-    ("7", "x=7 \\text{ (units)}", True), ("90", "\\angle ABC = 90^\\circ", True), ("24", "AB = 24", True),
-    ("24", "AB = 42", False),
-    ("\\frac{1}{2}", "P = \\frac{1}{2}", True), ("\\frac{1}{2}", "P(A) = \\frac{1}{2}", True),
-    ("3", "f(2) = 3", True),
-    ("2", "\\log_{3} 9", True), ("x^2 + 1", "f(x) = x^2 + 1", True), ("y = x + 2", "y = 2 + x", True),
-    ("6", "\\boxed{6}\\text{ ways}", True),
-    ("42", "4.2e1", True), ("42", "84/2", True), ("42", "0042", True), ("42", " 42 ", True), ("42", "43", False),
-    ("5", "5.", True),
-    ("50\\%", "50.0\\%", True), ("\\frac{3}{2}", "\\frac{6}{4}", True), ("\\frac12", "\\frac{-1}{-2}", True),
-    ("\\frac34", "3 / 4", True),
-    ("2\\sqrt2", "2 \\sqrt 2", True), ("\\frac{\\sqrt2}{2}", "\\sqrt2/2", True),
-    ("\\frac{\\sqrt{2}}{2}", "\\sqrt{\\frac{1}{2}}", True),
-    ("\\frac{\\sqrt{10}}{2}", "\\sqrt{2.5}", True), ("\\frac{\\pi}{2}", "1.5708", False),
-    ("\\frac{\\pi}{2}", "pi/2", True),
-    ("3\\times10^8", "3.0 \\times 10^{8}", True), ("3\\times10^8", "3E8", True), ("3\\times10^8", "3*10^8", True),
-    ("3\\times10^8", "3·10^8", True),
-    ("5", "5 km/h", True), ("60", "60 miles per hour", True), ("5", "5 m/s", True), ("5", "5 cm^2", True),
-    ("5", "5 square centimeters", True),
-    ("C", "Option C", True), ("C", "choice (C)", True), ("C", "Option D", False),
-    ("(-\\infty, 0) \\cup (0, \\infty)", "(-∞, 0) ∪ (0, ∞)", True), ("\\pm 3", "±3", True), ("3.14", "≈3.14", True),
-    ("\\emptyset", "∅", True),
-    ("(-\\infty,\\infty)", "ℝ", True), ("1, 2, 3", "1, 2, and 3", True), ("\\{1,2,3\\}", "{1, 2, 3}", True),
-    ("1, 2, 3", "1, 2, and 4", False),
-    ("\\frac{1}{2}x^2", "x^2/2", True), ("\\frac{1}{2}x^2", "\\frac{1}{2}x", False),
-    ("\\frac{\\pi}{6}", "\\sin^{-1}(1/2)", True),
-    ("\\frac{\\pi}{6}", "\\arcsin\\frac12", True), ("-1", "\\cos(\\pi)", True), ("1", "\\sec 0", True),
-    ("\\frac{\\pi}{4}", "\\arctan 1", True),
-    ("-\\infty", "-∞", True), ("3+4i", "3 + 4\\mathrm{i}", True), ("3+4i", "3+4\\,i", True), ("11", "11_{10}", True),
-    ("025", "25.0", True), ("5", "**Final Answer:** $\\boxed{5}$", True),
-    ("5", "Final Answer: The final answer is $5$. I hope it is correct.", True),
-    ("5", "answer: 5", True), ("5", "#### The answer is 5", True), ("5", "Answer: \\(\\boxed{5}\\)", True),
-    ("5", "So, $x = \\boxed{5}$.", True),
-    ("2", "She had 5 apples, then 3 were eaten, leaving 2.", True), ("5", "#### 5 dollars", True),
-    ("1234567", "#### 1,234,567", True),
-    ("-5", "#### -5", True), ("-5", "\\boxed{5}", False), ("5", "<think>\nso 2+3\n</think>\n\nThe answer is 5", True),
-    ("6", "\\boxed{5}. Wait, recheck: the answer is 6.", True), ("x^2", "x^3", False), ("10\\%", "0.01", False),
-    ("\\text{(B)}", "B) 12", True), ("\\text{(B)}", "the answer is B", True), ("2", "\\boxed{2}\n\nAnswer: 2", True),
-    ("\\frac{1}{3}", "0.\\overline{3}", True), ("0.25", "\\frac{1}{4}\\text{ of the pie}", True),
-    # short units after a space
-    ("5", "5 m", True), ("9.8", "9.8 m/s^2", True), ("12", "12 g", True), ("3", "3 h", True), ("2", "2 L", True),
-    ("7", "7 s", True),
-    ("5", "6 m", False), ("5 \\text{ m}", "5", True), ("100", "100 kg", True), ("100", "100 N", True),
-    # golds written as solutions
-    ("The total is $3 + 4 = \\boxed{7}$.", "7", True), ("The total is $3 + 4 = \\boxed{7}$.", "\\boxed{8}", False),
-    ("He pays 2*5=<<2*5=10>>10 dollars.\n#### 10", "\\$10", True), ("#### 1,000", "1000.00", True),
-    ("\\boxed{\\frac{1}{2}}", "0.5", True),
-    ("So $x \\in \\boxed{[2, 5)}$.", "[2,5)", True), ("So $x \\in \\boxed{[2, 5)}$.", "[2,5]", False),
-    # DeepSeek / Qwen style responses
-    ("12", "...\n\n**Final Answer**\n\\[\n\\boxed{12}\n\\]", True),
-    ("12", "Thus, the final answer is \\(\\boxed{12}\\).", True),
-    ("12", "The final answer is $\\boxed{12}$", True), ("12", "\\textbf{Answer:} 12", True),
-    ("12", "\\text{The answer is } 12", True),
-    ("\\frac{3}{4}", "...\n\\[\n\\boxed{\\dfrac{3}{4}}\n\\]", True),
-    ("\\frac{3}{4}", "...\n\\[\n\\boxed{\\dfrac{4}{3}}\n\\]", False),
-    ("(2, -1)", "Therefore, the solution is \\(\\boxed{(2, -1)}\\).", True),
-    ("(2, -1)", "The solution is $x=2$, $y=-1$, i.e. $\\boxed{(2,-1)}$.", True),
-    ("\\text{(D)}", "Thus the answer is $\\boxed{\\text{D}}$.", True),
-    ("\\text{(D)}", "Thus the answer is $\\boxed{\\text{(E)}}$.", False),
-    # answers in sentences without anchors
-    ("15", "So there are 15 students in the class.", True), ("15", "So there are 16 students in the class.", False),
-    ("\\frac{1}{6}", "The probability is therefore $\\frac{1}{6}$.", True), ("3", "Therefore $n = 3$.", True),
-    # mixed near misses
-    ("0.5", "5", False), ("1/2", "2", False), ("\\sqrt{3}", "\\sqrt{3}/3", False),
-    ("\\frac{\\pi}{3}", "\\frac{\\pi}{6}", False),
-    ("[1, 3]", "[1, 3) \\cup \\{3\\}", True), ("(0, 2)", "(0, 2) \\cup (2, 3)", False),
-    ("x = 2", "x = 2, x = 3", False),
-    ("\\{1, 2\\}", "\\{1, 2, 3\\}", False), ("(1, 2, 3)", "(1, 3, 2)", False), ("2 + i", "2 - i", False),
-    # near misses, every category
-    ("1,234", "1,243", False), ("1234", "123", False), ("-12", "12", False), ("012", "120", False),
-    ("10", "1 0", False),
-    ("2.50", "2.05", False), ("0.1", "0.10001", False), ("1.5", "15", False), ("0.05", "0.5", False),
-    ("3.0", "3.01", False),
-    ("25\\%", "0.25\\%", False), ("25\\%", "2.5", False), ("\\frac{3}{4}", "\\frac{4}{3}", False),
-    ("\\frac{3}{4}", "0.7", False),
-    ("2\\frac{1}{2}", "2", False), ("2\\frac{1}{2}", "\\frac{1}{2}", False), ("2 1/2", "21/2", False),
-    ("\\frac{1}{2}", "\\frac{1}{2}x", False),
-    ("\\sqrt{12}", "2\\sqrt{2}", False), ("\\sqrt{12}", "12", False), ("3\\sqrt{2}", "2\\sqrt{3}", False),
-    ("\\sqrt[3]{2}", "\\sqrt{2}", False),
-    ("\\pi", "2\\pi", False), ("\\pi", "\\frac{22}{7}", False), ("\\pi r^2", "2\\pi r", False),
-    ("6.02\\times10^{23}", "6.02\\times10^{-23}", False),
-    ("1.5\\times10^3", "150", False), ("4 \\text{ cm}", "40", False), ("\\$4.50", "\\$45", False),
-    ("90^\\circ", "9", False),
-    ("\\text{(C)}", "\\text{(A)}", False), ("C", "\\textbf{(B)}", False), ("(C)", "Option B", False),
-    ("[0, \\infty)", "(0, \\infty)", False), ("(0, \\infty)", "(-\\infty, 0)", False), ("(-1, 1)", "[-1, 1)", False),
-    ("(-\\infty, 1] \\cup [2, \\infty)", "(-\\infty, 1) \\cup [2, \\infty)", False), ("(1, 5)", "x > 1", False),
-    ("x \\ge 2", "x > 2", False),
-    ("\\{1, 2\\}", "\\{1\\}", False), ("1, 2", "1, -2", False), ("\\pm 2", "2", False), ("\\pm 2", "-2", False),
-    ("x = \\pm 1", "x = 1", False),
-    ("(1, 2)", "(1, 2, 3)", False), ("(1, 2)", "(-1, 2)", False), ("(a, b)", "(b, a)", False),
-    ("\\begin{pmatrix} 1 & 0 \\\\ 0 & 1 \\end{pmatrix}", "\\begin{pmatrix} 0 & 1 \\\\ 1 & 0 \\end{pmatrix}", False),
-    ("\\begin{pmatrix} 3 \\\\ 4 \\end{pmatrix}", "(4, 3)", False), ("y = x", "y = -x", False),
-    ("y = 2x + 1", "2x + 2", False),
-    ("x^2 + 2x + 1", "(x+1)^3", False), ("2x", "x^2", False), ("\\frac{x}{y}", "\\frac{y}{x}", False),
-    ("e^x", "e^{-x}", False),
-    ("\\sin x", "-\\sin x", False), ("\\log_2 8", "4", False), ("\\ln 2", "2", False), ("\\infty", "-\\infty", False),
-    ("1 + i", "1", False), ("i", "1", False), ("i", "-1", False), ("2i", "2", False), ("101_2", "101_3", False),
-    ("101_2", "6", False),
-    ("025", "52", False), ("025", "26", False), ("0", "O", False), ("1", "l", False), ("x", "y", False),
-    ("\\text{yes}", "\\text{no}", False), ("\\text{Monday}", "\\text{Tuesday}", False), ("2", "two hundred", False),
-    ("20", "two", False),
-    ("1000000", "1 billion", False), ("1.5", "1.5 million", False), ("5", "5 million", False), ("2ab", "2a", False),
-    ("3xy", "3x", False),
-    # whole-response near misses
-    ("7", "The answer is 7.5", False), ("7", "\\boxed{17}", False), ("7", "#### 77", False),
-    ("7", "The answer is -7.", False),
-    ("7", "It is not 7; the answer is \\boxed{8}.", False), ("7", "\\boxed{7} \\boxed{8}", False),
-    ("7", "x = 7 \\text{ or } x = 8", False),
-    ("7", "#### 7\nThe answer is 8", False), ("(1,2)", "\\boxed{(1,2,3)}", False), ("12", "12.5", False),
-    (".0000672", "x = .0000673", False),
-    # found by a sweep over MATH500 answers in wrappers (true ones)
-    ("10,\\!080", "x = 10,\\!080", True),
-    ("\\$32,\\!348", "The final answer is $\\$32,\\!348$. I hope it is correct.", True),
-    # set-builder notation, the real line, approximations, more wrappers
-    ("\\frac{9}{2}", "\\boxed{\\dfrac{9}{2}\\text{ cm}^2}", True), ("\\frac12", "\\frac 1 2", True),
-    ("\\frac12", "\\cfrac{1}{2}", True),
-    ("\\frac12", "x = 1/2", True), ("(-\\infty, \\infty)", "\\text{all real numbers}", True),
-    ("(-\\infty,\\infty)", "x \\in \\mathbb{R}", True),
-    ("(2, \\infty)", "\\{x \\mid x > 2\\}", True), ("(2, \\infty)", "\\{x \\mid x \\geq 2\\}", False),
-    ("0.001", "1.0e-3", True),
-    ("-5", "$-5$", True), ("(1, 2)", "\\mathbf{v} = (1,2)", True), ("2x+1", "f^{-1}(x) = 2x+1", True),
-    ("x^2-1", "p(x) = x^2 - 1", True),
-    ("\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}", "\\left[\\begin{matrix} 1 & 2 \\\\ 3 & 4 \\end{matrix}\\right]", True),
-    ("\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}", "\\begin{pmatrix}  1 &  2 \\\\  3 &  4 \\\\ \\end{pmatrix}", True),
-    ("\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}", "\\begin{pmatrix} 1 & 2 \\end{pmatrix}", False),
-    ("5", "\\text{five}", True), ("\\text{five}", "5", True), ("12", "a dozen", False), ("3.5", "3\\tfrac12", True),
-    ("100", "10^2", True),
-    ("\\frac{1}{4}", "\\frac{1}{2^2}", True), ("\\frac{1}{4}", "2^{-2}", True), ("4", "\\sqrt{16}", True),
-    ("4", "\\pm\\sqrt{16}", False),
-    ("\\sqrt{2}", "\\sqrt{2}\\approx 1.414", True), ("8", "2^3 = 8", True),
-    ("\\$2.50", "2 dollars and 50 cents", False),
-    ("1, 2", "\\{1, 2\\}", True), ("\\text{(A), (C)}", "A, C", True),
-    ("24", "\\boxed{24}.", True), ("24", "\\boxed{24} \\text{ ways}", True), ("24", "$\\boxed{4!}$", True),
-    ("-\\frac{2}{3}", "\\boxed{-\\frac23}", True),
-    # ordered tuples are not sets
-    ("(1, 2)", "\\{1, 2\\}", False), ("\\{1, 2\\}", "(2, 1)", False), ("[1, 2]", "\\{1, 2\\}", False),
-    ("\\{3, 5\\}", "\\{5, 3\\}", True),
-    # special tokens left in by decoding
-    ("5", "#### 5<|endoftext|>", True), ("5", "#### 5</s>", True), ("5", "The answer is 5.<|im_end|>", True),
-    ("5", "The answer is 5<|eot_id|>", True),
-    ("5", "#### 6<|endoftext|>", False),
-]

@@ -1,10 +1,12 @@
-"""The verifier against the acceptance list of its issue: every GSM8K and MATH500 reference judged correct, agreement on
-the kit's table of tricky cases, hostile inputs answered in bounded time without running code, and `score` never raising."""
+"""The verifier against the acceptance list of its issue: every GSM8K and MATH500 reference judged correct, agreement
+with the kit's tables (`tests/data/verifier_*.jsonl`), hostile inputs answered in bounded time without running code, and
+`score` never raising."""
 import json
 import re
 import signal
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -12,10 +14,19 @@ from hypothesis import given, settings, strategies as st
 from bppo_kit import verifier as V
 from bppo_kit.config import shared_data_dir
 from bppo_kit.data import read_jsonl
-from bppo_kit.verifier import (HARD_MARGIN, MORE_CASES, TRICKY_CASES, Score, SymbolicPool, agreement, extract_answer,
-                               gold_answer, reward_fn, score, score_batch)
+from bppo_kit.verifier import (HARD_MARGIN, Score, SymbolicPool, agreement, extract_answer, gold_answer, reward_fn,
+                               score, score_batch)
 
 DATA = shared_data_dir()
+TABLES = Path(__file__).resolve().parent / "data"  # the agreement tables; verifier_cases.md says how they were written
+
+
+def table(name: str) -> list[tuple[str, str, bool]]:
+    "(gold, prediction, correct) rows of `tests/data/verifier_{name}.jsonl`"
+    return [(r["gold"], r["prediction"], r["correct"]) for r in read_jsonl(TABLES / f"verifier_{name}.jsonl")]
+
+
+TRICKY, MORE = table("tricky"), table("more")
 needs_data = pytest.mark.skipif(not (DATA / "gsm8k" / "test.jsonl").exists(), reason="shared data not present")
 
 # ---- real data: 100% of the reference solutions --------------------------------------------------------------------
@@ -25,7 +36,7 @@ def test_every_gsm8k_test_reference_is_correct():
     rows = read_jsonl(DATA / "gsm8k" / "test.jsonl")
     assert len(rows) == 1319
     s = score_batch([r["answer"] for r in rows], [r["answer"].split("####")[-1] for r in rows], "gsm8k")
-    assert [r["answer"][-40:] for r, x in zip(rows, s) if not x.correct] == []
+    assert [r["answer"][-40:] for r, x in zip(rows, s, strict=True) if not x.correct] == []
     assert all(x.format_ok for x in s)
 
 @needs_data
@@ -33,7 +44,7 @@ def test_every_math500_reference_is_correct():
     rows = read_jsonl(DATA / "math" / "math500_test.jsonl")
     assert len(rows) == 500
     s = score_batch([r["solution"] for r in rows], [r["answer"] for r in rows], "math500")
-    assert [(r["answer"], x.extracted) for r, x in zip(rows, s) if not x.correct] == []
+    assert [(r["answer"], x.extracted) for r, x in zip(rows, s, strict=True) if not x.correct] == []
 
 @needs_data
 def test_gold_conventions_of_aime_and_amc():
@@ -46,41 +57,53 @@ def test_gold_conventions_of_aime_and_amc():
 @needs_data
 def test_wrong_gsm8k_answers_are_rejected():
     rows = read_jsonl(DATA / "gsm8k" / "test.jsonl")[:300]
-    bad = [r["answer"].rsplit("####", 1)[0] + f"#### {int(r['answer'].split('####')[-1].replace(',', '')) + 1}" for r in rows]
+    bad = [r["answer"].rsplit("####", 1)[0] + f"#### {int(r['answer'].split('####')[-1].replace(',', '')) + 1}"
+           for r in rows]
     assert not any(x.correct for x in score_batch(bad, [r["answer"] for r in rows], "gsm8k"))
 
-# ---- equivalence quality: the kit's table --------------------------------------------------------------------------
+# ---- equivalence quality: the kit's tables -------------------------------------------------------------------------
 
-def test_tricky_table_agreement_at_least_97_percent():
-    acc, wrong = agreement()
-    assert len(TRICKY_CASES) >= 200
-    assert acc >= 0.97, wrong
+def test_tricky_table_agreement_is_100_percent():
+    "`verifier_tricky.jsonl` was written with the code: the kit must agree with every row"
+    acc, wrong = agreement(TRICKY)
+    assert len(TRICKY) == 315
+    assert wrong == [] and acc == 1.0
 
 def test_plain_math_verify_is_measured_on_the_same_table():
-    acc_plain, _ = agreement(plain=True)
-    acc, _ = agreement()
-    print(f"\nkit {acc:.1%} vs plain math-verify {acc_plain:.1%} on {len(TRICKY_CASES)} cases")
+    acc_plain, _ = agreement(TRICKY, plain=True)
+    acc, _ = agreement(TRICKY)
+    print(f"\nkit {acc:.1%} vs plain math-verify {acc_plain:.1%} on {len(TRICKY)} cases")
     assert acc_plain < acc
 
 def test_table_is_balanced():
-    n_true = sum(e for _, _, e in TRICKY_CASES)
-    assert 0.15 < 1 - n_true / len(TRICKY_CASES) < 0.5  # enough wrong answers that "always yes" fails the bar
-    assert len({(g, p) for g, p, _ in TRICKY_CASES}) == len(TRICKY_CASES)
+    n_true = sum(e for _, _, e in TRICKY)
+    assert 0.15 < 1 - n_true / len(TRICKY) < 0.5  # enough wrong answers that "always yes" fails the bar
+    assert len({(g, p) for g, p, _ in TRICKY}) == len(TRICKY)
 
 def test_second_table_written_after_the_code():
-    "`MORE_CASES` was written after the code and graded before fixing; the kit must keep >= 97% and beat plain math-verify"
-    acc, wrong = agreement(MORE_CASES)
-    acc_plain, _ = agreement(MORE_CASES, plain=True)
-    print(f"\nkit {acc:.1%} vs plain math-verify {acc_plain:.1%} on {len(MORE_CASES)} more cases")
-    assert len(MORE_CASES) >= 600
-    assert acc >= 0.97, wrong
+    "`verifier_more.jsonl` was written after the code, each round graded before its fixes: 100%, beating math-verify"
+    acc, wrong = agreement(MORE)
+    acc_plain, _ = agreement(MORE, plain=True)
+    print(f"\nkit {acc:.1%} vs plain math-verify {acc_plain:.1%} on {len(MORE)} more cases")
+    assert len(MORE) == 946
+    assert wrong == [] and acc == 1.0
     assert acc_plain < acc
-    keys = [(g, p) for g, p, _ in MORE_CASES]
-    assert len(set(keys)) == len(keys) and not set(keys) & {(g, p) for g, p, _ in TRICKY_CASES}
-    assert 0.15 < 1 - sum(e for *_, e in MORE_CASES) / len(MORE_CASES) < 0.5
+    keys = [(g, p) for g, p, _ in MORE]
+    assert len(set(keys)) == len(keys) and not set(keys) & {(g, p) for g, p, _ in TRICKY}  # no row counted twice
+    assert 0.15 < 1 - sum(e for *_, e in MORE) / len(MORE) < 0.5
+
+def test_table_files_are_well_formed():
+    "Every row: gold and prediction (strings), correct (a bool), a non-empty `why`; the second table also has `round`"
+    for name, keys in (("tricky", ["gold", "prediction", "correct", "why"]),
+                       ("more", ["gold", "prediction", "correct", "why", "round"])):
+        for r in read_jsonl(TABLES / f"verifier_{name}.jsonl"):
+            assert list(r) == keys and isinstance(r["gold"], str) and isinstance(r["prediction"], str), r
+            assert isinstance(r["correct"], bool) and r["why"].strip(), r
+            if name == "more": assert r["round"] in ("1-5", "6", "7", "8", "9", "10"), r
 
 @pytest.mark.parametrize("gold,pred", [("2ab", "2"), ("4a+3d", "4a+3"), ("3h", "3"), ("25", "2 5"), ("1", "1 million"),
-                                       ("1", "2 1/2"), ("\\frac{1}{2}", "\\cos 30^\\circ"), ("60^\\circ", "\\frac{\\pi}{3}")])
+                                       ("1", "2 1/2"), ("\\frac{1}{2}", "\\cos 30^\\circ"),
+                                       ("60^\\circ", "\\frac{\\pi}{3}")])
 def test_near_misses_from_the_second_table(gold, pred):
     "Rules added for the second table must not over-accept: letters are not units, `2 5` is not 25, a scale is no unit"
     assert not score(pred, gold).correct
@@ -150,7 +173,7 @@ def test_answer_level_regexes_are_linear(s):
     t = time.perf_counter()
     for pred, gold in ((f"\\boxed{{{s}}}", "7"), ("\\boxed{7}", s), (s, s + "1"), (s * 3, s * 3)):
         assert isinstance(score(pred, gold, timeout=1.0), Score)
-    assert time.perf_counter() - t < 4 * (1.0 + HARD_MARGIN)  # the contract: each of the 4 calls ends within timeout + margin
+    assert time.perf_counter() - t < 4 * (1.0 + HARD_MARGIN)  # the contract: each of 4 calls within timeout + margin
 
 def test_non_string_inputs():
     assert score(None, "7") == Score(False, 0.0, None, False)
@@ -236,7 +259,7 @@ def test_format_rules_and_weights():
     assert not score("\\boxed{3} or \\boxed{4}", "4", format_rule="single").format_ok
     assert score("<think>hmm</think>\nThe answer is \\boxed{4}", "4", format_rule="think").format_ok
     assert not score("The answer is \\boxed{4}", "4", format_rule="think").format_ok
-    assert not score("<think>\\boxed{4}</think>", "4", format_rule="think").correct  # only the part after thinking counts
+    assert not score("<think>\\boxed{4}</think>", "4", format_rule="think").correct  # only what follows thinking counts
     with pytest.raises(ValueError, match="format_rule"): score("4", "4", format_rule="xml")
 
 def test_synthetic_policy_has_no_fallbacks():
@@ -245,18 +268,20 @@ def test_synthetic_policy_has_no_fallbacks():
     assert score("35", "35", "auto").correct is True
 
 def test_batch_equals_one_by_one_and_uses_the_cache():
-    comps = [p for _, p, _ in TRICKY_CASES[:120]]
-    golds = [g for g, _, _ in TRICKY_CASES[:120]]
+    comps = [p for _, p, _ in TRICKY[:120]]
+    golds = [g for g, _, _ in TRICKY[:120]]
     V.CACHE.d.clear()
     batch = score_batch(comps, golds, workers=2)
-    assert batch == [score(c, g) for c, g in zip(comps, golds)]
+    assert batch == [score(c, g) for c, g in zip(comps, golds, strict=True)]
     jobs = V.get_pool().jobs
     assert score_batch(comps * 3, golds * 3, workers=2) == batch * 3
     assert V.get_pool().jobs == jobs  # every symbolic verdict came from the cache
 
 def test_reward_fn_trl_signature():
-    comps = [[{"role": "assistant", "content": "so \\boxed{\\frac12}"}], [{"role": "assistant", "content": [{"type": "text", "text": "#### 3"}]}]]
-    assert reward_fn(comps, ["0.5", "4"], prompts=["a", "b"], completion_ids=[[1], [2]], trainer_state=None) == [1.0, 0.0]
+    comps = [[{"role": "assistant", "content": "so \\boxed{\\frac12}"}],
+             [{"role": "assistant", "content": [{"type": "text", "text": "#### 3"}]}]]
+    got = reward_fn(comps, ["0.5", "4"], prompts=["a", "b"], completion_ids=[[1], [2]], trainer_state=None)
+    assert got == [1.0, 0.0]
     assert reward_fn(["#### 3", "3"], ["3", "3"], task=["synthetic", "synthetic"]) == [1.0, 0.0]
     assert reward_fn(["#### 3"], ["3"], format_weight=0.5) == [1.5]
 
@@ -272,7 +297,8 @@ def test_gold_answer_per_dataset():
 
 LATEXISH = st.lists(st.sampled_from(["\\boxed{", "}", "{", "^", "10", "7", "\\frac", "####", "$", "(", ")", "x", "=",
                                      ",", "\\sqrt", "!", "the answer is ", " ", "\\\\", "\\begin{pmatrix}", "&", "\\pi",
-                                     "\\end{pmatrix}", ".", "-", "\\text{", "%", "\\infty", "[", "]", "\\cup", "i", "_"]),
+                                     "\\end{pmatrix}", ".", "-", "\\text{", "%", "\\infty", "[", "]", "\\cup", "i",
+                                     "_"]),
                     max_size=40).map("".join)
 
 @settings(max_examples=300, deadline=None)
@@ -300,9 +326,7 @@ def test_fractions_in_any_notation(q):
 def test_blind_heldout_table():
     """420 rows written by someone who never saw the verifier (tests/data/verifier_heldout.md says how), graded once
     after the code was done: agreement must stay >= 97% (it was 100% at that first grading; plain math-verify 75.7%)"""
-    import json
-    from conftest import ROOT
-    rows = [json.loads(l) for l in (ROOT / "tests" / "data" / "verifier_heldout.jsonl").read_text().splitlines() if l.strip()]
+    rows = read_jsonl(TABLES / "verifier_heldout.jsonl")
     assert len(rows) == 420
     alias = {"aime": "aime24"}  # the table names the AIME policy by its benchmark
     wrong = [r for r in rows if score(r["pred"], r["gold"], alias.get(r["task"], r["task"])).correct != r["expected"]]
