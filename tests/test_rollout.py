@@ -1,4 +1,5 @@
-"KitEngine on the shipped policy, as the trainer uses it: identical greedy output, exact log-probs, exact windows, no leaks."
+"""KitEngine on the shipped policy, as the trainer uses it: identical greedy output, exact log-probs, exact windows,
+no leaks."""
 import pytest, torch
 from bppo_kit.data import load_synthetic_eval
 from bppo_kit.policy import completion_logprobs, pack

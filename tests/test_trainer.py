@@ -1,6 +1,6 @@
 "The training loop as a user runs it: kill -9 then --resume gives each step once and the uninterrupted run's weights."
 import json, os, signal, subprocess, time
-import pytest, torch
+import torch
 from conftest import bppo_cmd, ROOT
 from bppo_kit.policy import load_policy
 
@@ -40,7 +40,8 @@ def test_bad_value_exits_2(tmp_path):
     assert r.returncode == 2 and "rollout.temperature" in r.stderr and r.stderr.strip().count("\n") == 0
 
 def test_plot_missing_run_exits_2(tmp_path):
-    r = subprocess.run(bppo_cmd() + ["plot", str(tmp_path / "nope")], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    r = subprocess.run(bppo_cmd() + ["plot", str(tmp_path / "nope")], capture_output=True, text=True, timeout=120,
+                       cwd=ROOT)
     assert r.returncode == 2 and "no metrics.jsonl" in r.stderr
 
 def test_bppo_trains_two_prefixes_per_group(tmp_path):
@@ -57,7 +58,8 @@ def test_bppo_trains_two_prefixes_per_group(tmp_path):
     assert g["generated_tokens"] == b["generated_tokens"]  # step 0: same policy, prompts and sampling seed
     assert b["selected_sequences"] <= 2 * 4 and b["selected_sequences"] <= g["selected_sequences"]
     assert b["trained_tokens"] == b["prefix_tokens"] <= g["trained_tokens"]
-    assert all(r["trained_tokens"] > 0 for r in rows["bppo"]) or any(r["frac_zero_std_groups"] == 1 for r in rows["bppo"])
+    assert (all(r["trained_tokens"] > 0 for r in rows["bppo"])
+            or any(r["frac_zero_std_groups"] == 1 for r in rows["bppo"]))
 
 def test_tppo_windows_and_resume(tmp_path):
     "T-PPO on the shipped policy: responses span several windows, metrics are logged, and a resumed run is exact"
@@ -97,7 +99,8 @@ def test_resample_and_early_stop(tmp_path):
     from bppo_kit.config import get_config
     from bppo_kit.trainer import read_jsonl_rows, train
     cfg = get_config("cpu-demo", overrides=["algo.name=bppo", "algo.resample=2", "algo.schedule=early_stop",
-                                            "train.prompts_per_step=8", "rollout.group_size=8", "train.steps=2", f"train.out={tmp_path}"])
+                                            "train.prompts_per_step=8", "rollout.group_size=8", "train.steps=2",
+                                            f"train.out={tmp_path}"])
     train(cfg, progress=False, evaluate_every=False)
     rows = read_jsonl_rows(tmp_path / "metrics.jsonl")
     assert all("refilled_groups" in r and 0 <= r["cancelled_frac"] < 1 for r in rows)
