@@ -85,6 +85,7 @@ def wait_status(page, needle: str, timeout_s: float):
 def plot_src(page) -> str:
     return page.locator(".bppo-panel img").get_attribute("src") or ""
 
+@pytest.mark.slow  # the widgets lesson, then two runs from the panel (65 s with JupyterLab's start, 2 busy cores)
 def test_widgets_panel_in_jupyterlab(lab, browser):
     t_start = time.time()
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
@@ -185,6 +186,7 @@ def test_docs_links(browser, tmp_path):
 
 TUTORIALS = sorted(p.name for p in (ROOT / "nbs" / "tutorials").glob("*.ipynb"))
 
+@pytest.mark.slow  # every tutorial top to bottom in JupyterLab (103 s in all on 2 busy cores)
 @pytest.mark.parametrize("name", TUTORIALS)
 def test_tutorial_runs_in_jupyterlab(lab, browser, name):
     "Each tutorial, top to bottom, in a real JupyterLab session (small sizes via BPPO_FAST): no cell ends in an error"

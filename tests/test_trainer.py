@@ -1,6 +1,6 @@
 "The training loop as a user runs it: kill -9 then --resume gives each step once and the uninterrupted run's weights."
 import json, os, signal, subprocess, time
-import torch
+import pytest, torch
 from conftest import bppo_cmd, ROOT
 from bppo_kit.policy import load_policy
 
@@ -14,6 +14,7 @@ def train_cmd(out, steps=6):
 def steps_of(run):
     return [json.loads(l)["step"] for l in (run / "metrics.jsonl").read_text().splitlines() if l.strip()]
 
+@pytest.mark.slow  # three training runs in subprocesses (302 s measured on 2 busy cores)
 def test_kill_and_resume_is_exact(tmp_path):
     full = subprocess.run(train_cmd(tmp_path / "full"), capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert full.returncode == 0, full.stderr[-3000:]
@@ -44,6 +45,7 @@ def test_plot_missing_run_exits_2(tmp_path):
                        cwd=ROOT)
     assert r.returncode == 2 and "no metrics.jsonl" in r.stderr
 
+@pytest.mark.slow  # a GRPO and a BPPO run (110 s measured on 2 busy cores)
 def test_bppo_trains_two_prefixes_per_group(tmp_path):
     "GRPO and BPPO on the same prompts and samples: BPPO trains at most 2 sequences per group and fewer tokens"
     from bppo_kit.config import get_config
@@ -61,6 +63,7 @@ def test_bppo_trains_two_prefixes_per_group(tmp_path):
     assert (all(r["trained_tokens"] > 0 for r in rows["bppo"])
             or any(r["frac_zero_std_groups"] == 1 for r in rows["bppo"]))
 
+@pytest.mark.slow  # T-PPO runs, stopped and resumed (78 s measured on 2 busy cores)
 def test_tppo_windows_and_resume(tmp_path):
     "T-PPO on the shipped policy: responses span several windows, metrics are logged, and a resumed run is exact"
     from bppo_kit.config import get_config
@@ -94,6 +97,7 @@ def test_ppo_finishes_every_response(tmp_path):
     assert all(r["finished_frac"] == 1.0 and r["pool_unfinished"] == 0 for r in rows)
     assert all(r["value_loss"] is not None for r in rows)
 
+@pytest.mark.slow  # a BPPO run with resampling (85 s measured on 2 busy cores)
 def test_resample_and_early_stop(tmp_path):
     "BPPO with resampling of zero-signal groups and adaptive completion scheduling runs and reports both"
     from bppo_kit.config import get_config
