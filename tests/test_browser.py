@@ -154,6 +154,7 @@ def test_widgets_panel_in_jupyterlab(lab, browser):
     assert shot.stat().st_size > 10_000
     assert not [e for e in errors if "widget" in e.lower()], errors
 
+@pytest.mark.slow  # builds the docs site, then follows every link in Chromium (28 s on 2 busy cores)
 def test_docs_links(browser, tmp_path):
     "Build the site from the stored notebooks (no execution) and follow every local link from the index in Chromium"
     out = tmp_path / "site"

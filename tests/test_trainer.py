@@ -87,6 +87,7 @@ def test_tppo_windows_and_resume(tmp_path):
     for (n, p), q in zip(x.state_dict().items(), y.state_dict().values()):
         assert torch.allclose(p, q, atol=1e-5, rtol=0), n
 
+@pytest.mark.slow  # a PPO training run (20 s on 2 busy cores)
 def test_ppo_finishes_every_response(tmp_path):
     from bppo_kit.config import get_config
     from bppo_kit.trainer import read_jsonl_rows, train
