@@ -5,7 +5,7 @@ TORCH  ?= torch==2.13.0
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-fast export check-export lessons pytest docs sft eval clean
+.PHONY: install demo test test-fast lint check-clean export check-export lessons pytest pytest-fast docs sft eval clean
 
 install: $(STAMP)  ## create .venv, install the pinned CPU torch first, then the kit with its dev extras
 
@@ -19,7 +19,16 @@ $(STAMP): pyproject.toml
 demo: install  ## the main job on the embedded default: a short GRPO run of the shipped tiny policy on CPU
 	$(BIN)/bppo train --preset cpu-demo --algo grpo --steps 40 --out runs/demo --overwrite
 
-test: install check-export lessons pytest  ## export check, every lesson, every test
+test: install lint check-clean check-export lessons pytest  ## lint, clean and export checks, every lesson, every test
+
+test-fast: install lint check-clean check-export pytest-fast  ## while iterating: the same checks, tests not marked slow, no lessons
+
+lint: install  ## ruff (config in pyproject.toml) and the house rules (tools/check_house.py); both always run
+	@status=0; $(BIN)/ruff check bppo_kit tests benchmarks tools nbs || status=1; \
+	$(BIN)/python tools/check_house.py || status=1; exit $$status
+
+check-clean: install  ## every notebook in nbs/ must be exactly what nbdev-clean writes
+	$(BIN)/python tools/check_clean.py
 
 check-export: install  ## the committed bppo_kit/ must equal a fresh nbdev-export of nbs/
 	$(BIN)/python tools/check_export.py
@@ -29,6 +38,9 @@ lessons: install  ## run every lesson notebook as a test (gpu and slow cells ski
 
 pytest: install
 	$(BIN)/python -m pytest -q tests
+
+pytest-fast: install  ## the pytest suite without the tests marked slow (minutes each)
+	$(BIN)/python -m pytest -q tests -m "not slow"
 
 export: install
 	$(BIN)/nbdev-export && $(BIN)/nbdev-clean
@@ -43,4 +55,4 @@ eval: install  ## the shipped policy's numbers, as quoted in the README
 	$(BIN)/bppo eval --preset cpu-demo --samples 8 --json runs/eval_tiny.json
 
 clean:
-	rm -rf runs docs/*.html _proc .pytest_cache
+	rm -rf runs docs/*.html _proc .pytest_cache .ruff_cache

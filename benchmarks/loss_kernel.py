@@ -1,7 +1,8 @@
-"""Time and peak memory of the prefix policy loss: full logits (naive) vs the chunked PyTorch path, and on CUDA the Triton kernels.
+"""Time and peak memory of the prefix policy loss: full logits (naive) vs the chunked PyTorch path, and on CUDA the
+Triton kernels.
 
-    OMP_NUM_THREADS=1 python benchmarks/loss_kernel.py --json runs/loss_kernel.json          # CPU: N=4096, H=512, V=32000
-    OMP_NUM_THREADS=1 python benchmarks/loss_kernel.py --small --json runs/loss_kernel_small.json   # CI size, seconds
+    OMP_NUM_THREADS=1 python benchmarks/loss_kernel.py --json runs/loss_kernel.json        # CPU: N=4096, H=512, V=32000
+    OMP_NUM_THREADS=1 python benchmarks/loss_kernel.py --small --json runs/loss_kernel_small.json  # CI size, seconds
 
 What is measured, per implementation: one forward + backward of `prefix_policy_loss` (gradients w.r.t. hidden and
 weight) on float32 inputs, half of every 512-token sequence trained (a prefix mask: 50% of the tokens), old log-probs
@@ -9,11 +10,11 @@ close to the current ones (as right after a rollout), seed 0.
 
 - time: the median of `--repeats` forward+backward runs after one warm-up run.
 - CPU peak memory: each implementation runs in its own fresh Python process (`--child`), so neither sees the other's
-  heap. After the warm-up the process resets its kernel high-water mark (`echo 5 > /proc/self/clear_refs`, Linux >= 4.0),
-  reads its resident set size, runs forward+backward once, and reports `VmHWM - VmRSS_before`: the extra resident memory
-  at the peak of that run, gradients included. glibc is told to serve every allocation above 64 KiB with mmap
-  (`MALLOC_MMAP_THRESHOLD_=65536`), so freed tensors leave the resident set at once and a tensor freed early cannot
-  hide in, or inflate, a later peak. This counts pages actually touched, which every PyTorch tensor here is.
+  heap. After the warm-up the process resets its kernel high-water mark (`echo 5 > /proc/self/clear_refs`,
+  Linux >= 4.0), reads its resident set size, runs forward+backward once, and reports `VmHWM - VmRSS_before`: the extra
+  resident memory at the peak of that run, gradients included. glibc is told to serve every allocation above 64 KiB
+  with mmap (`MALLOC_MMAP_THRESHOLD_=65536`), so freed tensors leave the resident set at once and a tensor freed early
+  cannot hide in, or inflate, a later peak. This counts pages actually touched, which every PyTorch tensor here is.
 - CUDA (when available; not run where the kit was developed): bfloat16 at H=1536, V=151936 (Qwen2.5's vocabulary),
   N=16384: naive vs Triton (and Liger-Kernel's `LigerFusedLinearGRPOLoss` when importable), time by CUDA events,
   memory by `torch.cuda.max_memory_allocated()` above the inputs.
@@ -46,7 +47,8 @@ def make_inputs(N, H, V, dtype=torch.float32, device="cpu", seed=0, seq=SEQ):
 def step(x, impl):
     "One forward + backward; gradients are freed first so every run allocates them anew"
     x["hidden"].grad = x["weight"].grad = None
-    loss = prefix_policy_loss(x["hidden"], x["weight"], x["targets"], x["old_logp"], x["advantages"], x["mask"], impl=impl)
+    loss = prefix_policy_loss(x["hidden"], x["weight"], x["targets"], x["old_logp"], x["advantages"], x["mask"],
+                              impl=impl)
     loss.backward()
     return loss.item()
 
@@ -87,7 +89,8 @@ def cpu_bench(a):
                loss_abs_diff=abs(n["loss"] - c["loss"]), logits_bytes=a.N * a.V * 4, runs=res)
     out["memory_target_met"] = out["memory_ratio"] >= 4
     out["time_target_met"] = out["time_ratio"] <= 1.5
-    print(f"CPU, N={a.N} H={a.H} V={a.V}, 50% masked, float32, {out['threads']} thread(s); fwd+bwd, median of {a.repeats}")
+    print(f"CPU, N={a.N} H={a.H} V={a.V}, 50% masked, float32, {out['threads']} thread(s); "
+          f"fwd+bwd, median of {a.repeats}")
     print(f"{'impl':<10}{'time (s)':>10}{'peak (MiB)':>12}")
     for k in ("naive", "chunked"):
         print(f"{k:<10}{res[k]['time_s']:>10.3f}{res[k]['peak_bytes'] / 2**20:>12.1f}")
@@ -103,10 +106,12 @@ def gpu_bench(a):
     try:
         from liger_kernel.chunked_loss import LigerFusedLinearGRPOLoss
         B = N // 1024
-        lig = LigerFusedLinearGRPOLoss(beta=0.0, use_ref_model=False, epsilon_low=0.2, epsilon_high=0.28, loss_type="bnpo")
+        lig = LigerFusedLinearGRPOLoss(beta=0.0, use_ref_model=False, epsilon_low=0.2, epsilon_high=0.28,
+                                       loss_type="bnpo")
         def liger():
             x["hidden"].grad = x["weight"].grad = None
-            loss, _ = lig(x["hidden"].view(B, 1024, H), x["weight"], x["targets"].view(B, 1024), x["mask"].view(B, 1024).float(),
+            loss, _ = lig(x["hidden"].view(B, 1024, H), x["weight"], x["targets"].view(B, 1024),
+                          x["mask"].view(B, 1024).float(),
                           x["advantages"].view(B, 1024)[:, 0], old_per_token_logps=x["old_logp"].view(B, 1024))
             loss.backward()
             return loss.item()
@@ -129,11 +134,14 @@ def gpu_bench(a):
             res[name] = dict(error=f"{type(e).__name__}: {e}"[:500])
         x["hidden"].grad = x["weight"].grad = None
         torch.cuda.empty_cache()
-    print(f"\nCUDA ({torch.cuda.get_device_name()}), N={N} H={H} V={V}, 50% masked, bfloat16; fwd+bwd, median of {a.repeats}")
+    print(f"\nCUDA ({torch.cuda.get_device_name()}), N={N} H={H} V={V}, 50% masked, bfloat16; "
+          f"fwd+bwd, median of {a.repeats}")
     print(f"{'impl':<10}{'time (ms)':>11}{'peak (GiB)':>12}")
     for k, r in res.items():
-        print(f"{k:<10}" + (f"{r['time_s'] * 1e3:>11.1f}{r['peak_bytes'] / 2**30:>12.2f}" if "error" not in r else "  " + r["error"]))
-    out = dict(shape=dict(N=N, H=H, V=V, masked_frac=0.5, dtype="bfloat16"), device=torch.cuda.get_device_name(), runs=res)
+        print(f"{k:<10}" + (f"{r['time_s'] * 1e3:>11.1f}{r['peak_bytes'] / 2**30:>12.2f}" if "error" not in r
+                            else "  " + r["error"]))
+    out = dict(shape=dict(N=N, H=H, V=V, masked_frac=0.5, dtype="bfloat16"), device=torch.cuda.get_device_name(),
+               runs=res)
     if "error" not in res.get("naive", {"error": 1}) and "error" not in res.get("triton", {"error": 1}):
         out["memory_ratio"] = res["naive"]["peak_bytes"] / max(res["triton"]["peak_bytes"], 1)
         out["speedup"] = res["naive"]["time_s"] / res["triton"]["time_s"]

@@ -12,7 +12,8 @@ over rounds of generated tokens / seconds of that call.
 Checks written to the JSON as well:
 - `greedy_identical`: KitEngine greedy output token-identical to HFEngine greedy, on 64 eval prompts.
 - `logprob_max_abs_diff`: KitEngine's sampling log-probs vs a teacher-forced recompute by the policy (fp32).
-- `window_identical`: 128 completions generated in windows of 16 tokens (resumed until done) equal one uninterrupted call.
+- `window_identical`: 128 completions generated in windows of 16 tokens (resumed until done) equal one uninterrupted
+  call.
 - memory (`--memory`): 10,000 short requests (8 new tokens) in 10 calls of 1,000; resident set size after each call.
 """
 import argparse, json, statistics, time
@@ -52,7 +53,8 @@ def main():
             t0 = time.perf_counter(); cs = eng.generate(prompts, a.n, sp); dt = time.perf_counter() - t0
             rates[name].append(sum(c.n_tokens for c in cs) / dt)
             if name == "hf": idle.append(idle_fraction(cs, len(cs)))
-            print(f"round {r} {name:6s} {sum(c.n_tokens for c in cs):6d} tokens {dt:6.2f} s {rates[name][-1]:8.0f} tok/s", flush=True)
+            print(f"round {r} {name:6s} {sum(c.n_tokens for c in cs):6d} tokens {dt:6.2f} s "
+                  f"{rates[name][-1]:8.0f} tok/s", flush=True)
     med = {k: statistics.median(v) for k, v in rates.items()}
     # correctness
     gp = [e.prompt for e in ev[:64]]
@@ -66,14 +68,16 @@ def main():
     part = engines["kit"].generate(prompts, a.n, SamplingParams(temperature=1.0, max_new_tokens=160, seed=7), window=16)
     rounds = 1
     while any(c.finish_reason == "window" for c in part):
-        part = engines["kit"].resume(part, SamplingParams(temperature=1.0, max_new_tokens=160, seed=7), window=16); rounds += 1
+        part = engines["kit"].resume(part, SamplingParams(temperature=1.0, max_new_tokens=160, seed=7), window=16)
+        rounds += 1
     window_identical = [c.completion_ids for c in part] == [c.completion_ids for c in cs]
     res = dict(kit_tokens_per_s=round(med["kit"], 1), hf_tokens_per_s=round(med["hf"], 1),
                hf_cb_tokens_per_s=round(med["hf_cb"], 1) if "hf_cb" in med else None,
                kit_over_hf=round(med["kit"] / med["hf"], 2),
                kit_over_hf_cb=round(med["kit"] / med["hf_cb"], 2) if "hf_cb" in med else None,
                hf_idle_fraction=round(statistics.mean(idle), 3), greedy_identical=greedy_identical,
-               greedy_prompts=len(gp), logprob_max_abs_diff=diff, window_identical=window_identical, window_rounds=rounds,
+               greedy_prompts=len(gp), logprob_max_abs_diff=diff, window_identical=window_identical,
+               window_rounds=rounds,
                completions=len(cs), rounds=a.rounds, threads=torch.get_num_threads(), rates=rates)
     if a.memory:
         kit = engines["kit"]
@@ -82,7 +86,8 @@ def main():
         for call in range(10):
             kit.generate([e.prompt for e in ev[call * 100:(call + 1) * 100]], 10, short)
             rss.append(round(rss_mib(), 1))
-        res.update(memory_requests=10_000, rss_mib_after_each_call=rss, rss_growth_mib_after_first=round(rss[-1] - rss[0], 1))
+        res.update(memory_requests=10_000, rss_mib_after_each_call=rss,
+                   rss_growth_mib_after_first=round(rss[-1] - rss[0], 1))
     print(json.dumps({k: v for k, v in res.items() if k != "rates"}, indent=1))
     Path(a.json).parent.mkdir(parents=True, exist_ok=True)
     Path(a.json).write_text(json.dumps(res, indent=1))

@@ -1,4 +1,5 @@
-"""Does the synthetic task have the tension BPPO needs? A short GRPO run on the shipped policy, watching style and length.
+"""Does the synthetic task have the tension BPPO needs? A short GRPO run on the shipped policy, watching style and
+length.
 
 The failure this guards against (seen in a pilot of an earlier task design): plain GRPO shortened responses by itself,
 collapsing to the concise style, which left BPPO nothing to show. This runs the kit's trainer with GRPO in its original
@@ -22,8 +23,9 @@ def main():
     ap.add_argument("--set", dest="overrides", action="append", default=[])
     ap.add_argument("--summarize", action="store_true", help="only summarize an existing run in --out")
     a = ap.parse_args()
-    cfg = get_config("cpu-demo", overrides=[f"train.steps={a.steps}", f"algo.reduction={a.reduction}", f"train.seed={a.seed}",
-                                            f"data.seed={a.seed}", f"train.out={a.out}"] + a.overrides)
+    cfg = get_config("cpu-demo", overrides=[f"train.steps={a.steps}", f"algo.reduction={a.reduction}",
+                                            f"train.seed={a.seed}", f"data.seed={a.seed}", f"train.out={a.out}"]
+                     + a.overrides)
     if not a.summarize: train(cfg, evaluate_every=False, overwrite=True)
     rows = read_jsonl_rows(Path(a.out) / "metrics.jsonl")
     k = max(1, min(10, len(rows) // 3))

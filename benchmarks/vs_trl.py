@@ -44,8 +44,9 @@ def kit_config(steps: int, out: str):
 def settings_of(cfg) -> dict:
     "The workload both sides run, read from the kit's config"
     r, a, t = cfg.rollout, cfg.algo, cfg.train
-    return dict(preset="cpu-demo", model=cfg.model.name_or_path, task=cfg.data.task, prompts_per_step=t.prompts_per_step,
-                group_size=r.group_size, completions_per_step=t.prompts_per_step * r.group_size,
+    return dict(preset="cpu-demo", model=cfg.model.name_or_path, task=cfg.data.task,
+                prompts_per_step=t.prompts_per_step, group_size=r.group_size,
+                completions_per_step=t.prompts_per_step * r.group_size,
                 max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, lr=t.lr,
                 lr_schedule="constant", adam_betas=[0.9, 0.99], weight_decay=0.0, grad_clip=t.grad_clip,
                 eps_low=a.eps_low, eps_high=a.eps_high, beta=a.beta, mu=t.mu, micro_batch=t.micro_batch,
@@ -79,7 +80,8 @@ def run_kit(steps: int, work: Path) -> dict:
         # completion tokens with the EOS (as TRL counts them) and the share of completions that ended at EOS
         completion_tokens_mean=[round(r["generated_tokens"] / n, 2) for r in rows],
         eos_frac=[round((r["generated_tokens"] - n * r["response_tokens_mean"]) / n, 4) for r in rows],
-        # the kit's update skips sequences whose advantage is 0 (every member of a group with one reward); TRL trains all
+        # the kit's update skips sequences whose advantage is 0 (every member of a group with one reward);
+        # TRL trains all
         trained_sequences=[round(n * (1 - r["frac_zero_std_groups"])) for r in rows],
         trained_token_frac=[round(r["trained_tokens"] / max(r["generated_tokens"], 1), 4) for r in rows],
         frac_zero_std_groups=[r["frac_zero_std_groups"] for r in rows])
@@ -126,7 +128,8 @@ def run_trl(steps: int, work: Path) -> dict:
         scale_rewards="group", mask_truncated_completions=False, log_completions=False, dataloader_num_workers=0)
 
     class StepTimer(TrainerCallback):
-        def __init__(self): self.begin, self.last_end, self.step_s, self.end_to_end_s, self.logs = None, None, [], [], []
+        def __init__(self):
+            self.begin, self.last_end, self.step_s, self.end_to_end_s, self.logs = None, None, [], [], []
         def on_train_begin(self, args, state, control, **kw): self.last_end = time.perf_counter()
         def on_step_begin(self, args, state, control, **kw): self.begin = time.perf_counter()
         def on_step_end(self, args, state, control, **kw):
@@ -216,17 +219,20 @@ def main():
         kit_step_s=kit["step_s"], trl_step_s=trl["step_s"], trl_step_s_end_to_end=trl["step_s_end_to_end"],
         kit_rollout_s=kit["rollout_s"], trl_rollout_s=trl["rollout_s"], kit_update_s=kit["update_s"],
         trl_generation_rounds=len(trl["rollout_s"]),
-        kit_median_rollout_s=median_after_warmup(kit["rollout_s"]), trl_median_rollout_s=median_after_warmup(trl["rollout_s"]),
+        kit_median_rollout_s=median_after_warmup(kit["rollout_s"]),
+        trl_median_rollout_s=median_after_warmup(trl["rollout_s"]),
         kit_median_update_s=median_after_warmup(kit["update_s"]),
         trl_median_step_s_end_to_end=median_after_warmup(trl["step_s_end_to_end"]),
         kit_reward_mean=kit["reward_mean"], trl_reward_mean=trl["reward_mean"],
-        kit_completion_tokens_mean=kit["completion_tokens_mean"], trl_completion_tokens_mean=trl["completion_tokens_mean"],
+        kit_completion_tokens_mean=kit["completion_tokens_mean"],
+        trl_completion_tokens_mean=trl["completion_tokens_mean"],
         kit_eos_frac=kit["eos_frac"], trl_eos_frac=trl["eos_frac"],
         kit_frac_zero_std_groups=kit["frac_zero_std_groups"], trl_frac_zero_std_groups=trl["frac_zero_std_groups"],
         kit_trained_sequences=kit["trained_sequences"], kit_trained_token_frac=kit["trained_token_frac"],
         kit_total_s=kit["total_s"], trl_total_s=trl["total_s"], trl_logged_step_time=trl["trl_logged_step_time"],
         # process CPU seconds per wall second of training: near --threads when a side had the cores to itself
-        kit_cpu_per_wall=round(kit["cpu_s"] / kit["total_s"], 2), trl_cpu_per_wall=round(trl["cpu_s"] / trl["total_s"], 2),
+        kit_cpu_per_wall=round(kit["cpu_s"] / kit["total_s"], 2),
+        trl_cpu_per_wall=round(trl["cpu_s"] / trl["total_s"], 2),
         trl_activation_checkpointing=trl["activation_checkpointing"],
         loadavg=dict(kit=kit["loadavg"], trl=trl["loadavg"]),
         steps=a.steps, threads=a.threads, torch_threads=dict(kit=kit["torch_threads"], trl=trl["torch_threads"]),

@@ -1,5 +1,5 @@
-"""The notebook experience in a real browser: JupyterLab runs the widgets lesson, a slider is moved, Run is pressed twice
-and the live plot shows both runs (screenshot: runs/browser/panel.png); the docs site's links all resolve.
+"""The notebook experience in a real browser: JupyterLab runs the widgets lesson, a slider is moved, Run is pressed
+twice and the live plot shows both runs (screenshot: runs/browser/panel.png); the docs site's links all resolve.
 
 Needs Debian's `chromium` (or `$BPPO_CHROMIUM`) and the `playwright` package (dev extra; its own browser downloads are
 never used); skipped otherwise. Run it alone: `python -m pytest -m browser tests/test_browser.py -s`."""
@@ -26,7 +26,8 @@ def free_port() -> int:
 def browser():
     from playwright.sync_api import sync_playwright
     with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--disable-gpu", "--disable-dev-shm-usage"])
+        b = pw.chromium.launch(executable_path=CHROMIUM, headless=True,
+                               args=["--disable-gpu", "--disable-dev-shm-usage"])
         yield b
         b.close()
 
@@ -41,17 +42,20 @@ def lab(tmp_path_factory):
         j["cells"] = [c for c in j["cells"] if not (c["cell_type"] == "code" and SKIP.search("".join(c["source"])))]
         (d / "tutorials" / nb.name).write_text(json.dumps(j))
     settings = d / ".settings" / "@jupyterlab" / "apputils-extension"; settings.mkdir(parents=True)
-    (settings / "notification.jupyterlab-settings").write_text(json.dumps({"fetchNews": "false", "checkForUpdates": False}))
+    (settings / "notification.jupyterlab-settings").write_text(
+        json.dumps({"fetchNews": "false", "checkForUpdates": False}))
     port, token = free_port(), os.urandom(16).hex()
     env = {k: v for k, v in os.environ.items() if k not in ("IN_TEST", "BPPO_NO_WIDGETS")}
-    env.update(JUPYTERLAB_SETTINGS_DIR=str(d / ".settings"), JUPYTERLAB_WORKSPACES_DIR=str(d / ".ws"), JUPYTER_RUNTIME_DIR=str(d / ".rt"),
+    env.update(JUPYTERLAB_SETTINGS_DIR=str(d / ".settings"), JUPYTERLAB_WORKSPACES_DIR=str(d / ".ws"),
+               JUPYTER_RUNTIME_DIR=str(d / ".rt"),
                OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"), PYTHONUNBUFFERED="1",
                BPPO_FAST="1")  # tutorials take their small sizes (lessons do not read it; widgets still render)
     log = open(d / "lab.log", "w")
     proc = subprocess.Popen([sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
-                             f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={d}", "--LabApp.expose_app_in_browser=True",
-                             "--ServerApp.port_retries=0"] + (["--allow-root"] if os.geteuid() == 0 else []), cwd=d, env=env, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+                             f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={d}",
+                             "--LabApp.expose_app_in_browser=True", "--ServerApp.port_retries=0"]
+                            + (["--allow-root"] if os.geteuid() == 0 else []),
+                            cwd=d, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     t0 = time.time()
     while True:
@@ -59,7 +63,8 @@ def lab(tmp_path_factory):
             urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=2); break
         except OSError:
             if proc.poll() is not None or time.time() - t0 > 120:
-                proc.kill(); raise RuntimeError(f"JupyterLab did not start:\n{(d / 'lab.log').read_text()[-3000:]}")
+                proc.kill()
+                raise RuntimeError(f"JupyterLab did not start:\n{(d / 'lab.log').read_text()[-3000:]}") from None
             time.sleep(0.5)
     yield dict(url=url, token=token, dir=d)
     os.killpg(proc.pid, signal.SIGTERM)
@@ -73,12 +78,14 @@ def status_text(page) -> str:
 def wait_status(page, needle: str, timeout_s: float):
     t0 = time.time()
     while needle not in status_text(page):
-        if time.time() - t0 > timeout_s: raise AssertionError(f"waited {timeout_s}s for {needle!r}; status:\n{status_text(page)}")
+        if time.time() - t0 > timeout_s:
+            raise AssertionError(f"waited {timeout_s}s for {needle!r}; status:\n{status_text(page)}")
         page.wait_for_timeout(500)
 
 def plot_src(page) -> str:
     return page.locator(".bppo-panel img").get_attribute("src") or ""
 
+@pytest.mark.slow  # the widgets lesson, then two runs from the panel (65 s with JupyterLab's start, 2 busy cores)
 def test_widgets_panel_in_jupyterlab(lab, browser):
     t_start = time.time()
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
@@ -95,10 +102,11 @@ def test_widgets_panel_in_jupyterlab(lab, browser):
     page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
     try:  # the lesson's own checks (a few tiny runs) come first, then the panel
         page.wait_for_selector(".bppo-panel .bppo-status", timeout=600_000)
-    except Exception:
+    except Exception as e:
         page.screenshot(path=str(ARTIFACTS / "failed.png"), full_page=True)
         errs = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']").all_inner_texts()
-        raise AssertionError(f"the panel did not appear; cell errors: {errs[-3:]}; screenshot {ARTIFACTS / 'failed.png'}")
+        raise AssertionError(f"the panel did not appear; cell errors: {errs[-3:]}; "
+                             f"screenshot {ARTIFACTS / 'failed.png'}") from e
     panel = page.locator(".bppo-panel")
     panel.scroll_into_view_if_needed()
     assert "no runs yet" in status_text(page)
@@ -120,7 +128,9 @@ def test_widgets_panel_in_jupyterlab(lab, browser):
     handle = slider.locator(".noUi-handle")
     box = handle.bounding_box()
     page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
-    page.mouse.down(); page.mouse.move(box["x"] + box["width"] / 2 + 25, box["y"] + box["height"] / 2, steps=5); page.mouse.up()
+    page.mouse.down()
+    page.mouse.move(box["x"] + box["width"] / 2 + 25, box["y"] + box["height"] / 2, steps=5)
+    page.mouse.up()
     page.wait_for_timeout(500)
     after = readout.inner_text()
     assert float(after) > float(before), (before, after)
@@ -135,7 +145,8 @@ def test_widgets_panel_in_jupyterlab(lab, browser):
     st = status_text(page)
     assert "run1-grpo    done" in st and "temperature=" in st, st
     assert plot_src(page) != after_run1, "the plot did not update during run 2"
-    natural = page.evaluate("() => { const i = document.querySelector('.bppo-panel img'); return [i.naturalWidth, i.naturalHeight]; }")
+    natural = page.evaluate("() => { const i = document.querySelector('.bppo-panel img'); "
+                            "return [i.naturalWidth, i.naturalHeight]; }")
     assert natural[0] > 500 and natural[1] > 100, natural
     shot = ARTIFACTS / "panel.png"
     panel.screenshot(path=str(shot))
@@ -143,6 +154,7 @@ def test_widgets_panel_in_jupyterlab(lab, browser):
     assert shot.stat().st_size > 10_000
     assert not [e for e in errors if "widget" in e.lower()], errors
 
+@pytest.mark.slow  # builds the docs site, then follows every link in Chromium (28 s on 2 busy cores)
 def test_docs_links(browser, tmp_path):
     "Build the site from the stored notebooks (no execution) and follow every local link from the index in Chromium"
     out = tmp_path / "site"
@@ -169,23 +181,28 @@ def test_docs_links(browser, tmp_path):
             todo += page.eval_on_selector_all("a[href]", "as => as.map(a => a.href)")
         assert not broken, f"broken links in {site}: {broken}"
         assert len(seen) >= len(hrefs)
-    r = subprocess.run([sys.executable, str(ROOT / "tools" / "build_docs.py"), "--check", "--out", str(out)], capture_output=True, text=True)
+    r = subprocess.run([sys.executable, str(ROOT / "tools" / "build_docs.py"), "--check", "--out", str(out)],
+                       capture_output=True, text=True)
     assert r.returncode == 0, r.stdout  # anchors too
 
 TUTORIALS = sorted(p.name for p in (ROOT / "nbs" / "tutorials").glob("*.ipynb"))
 
+@pytest.mark.slow  # every tutorial top to bottom in JupyterLab (103 s in all on 2 busy cores)
 @pytest.mark.parametrize("name", TUTORIALS)
 def test_tutorial_runs_in_jupyterlab(lab, browser, name):
     "Each tutorial, top to bottom, in a real JupyterLab session (small sizes via BPPO_FAST): no cell ends in an error"
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
-    page.goto(f"{lab['url']}/lab/tree/tutorials/{name}?reset&token={lab['token']}", timeout=120_000)  # reset: no tabs restored
+    # reset: no tabs restored
+    page.goto(f"{lab['url']}/lab/tree/tutorials/{name}?reset&token={lab['token']}", timeout=120_000)
     page.wait_for_function("""(name) => { const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;
-        return w && w.context && w.context.path.endsWith(name) && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel &&
+        return w && w.context && w.context.path.endsWith(name) &&
+               w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel &&
                w.sessionContext.session.kernel.status === 'idle'; }""", arg=name, timeout=120_000)
     page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
     state = """() => { const w = window.jupyterapp.shell.currentWidget; const cells = w.content.model.toJSON().cells;
         const code = cells.filter(c => c.cell_type === 'code');
-        const errors = cells.flatMap(c => (c.outputs || []).filter(o => o.output_type === 'error').map(o => o.ename + ': ' + o.evalue));
+        const errors = cells.flatMap(c => (c.outputs || []).filter(o => o.output_type === 'error')
+                                                           .map(o => o.ename + ': ' + o.evalue));
         return {done: code.every(c => c.execution_count !== null), errors: errors,
                 idle: w.sessionContext.session.kernel.status === 'idle', n: code.length}; }"""
     t0 = time.time()

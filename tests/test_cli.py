@@ -22,6 +22,7 @@ def test_bad_input_one_line_exit_2(args, msg):
     assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
     assert msg in r.stderr and r.stderr.strip().count("\n") == 0 and "Traceback" not in r.stderr, r.stderr
 
+@pytest.mark.slow  # the bppo command end to end, evaluation included (22 s on 2 busy cores)
 def test_eval_writes_json(tmp_path):
     out = tmp_path / "r.json"
     r = run("eval", "--samples", "2", "--set", "data.eval_size=6", "--json", str(out), "--quiet")
@@ -33,6 +34,7 @@ def test_eval_writes_json(tmp_path):
     assert d["n_prompts"] == 6 and d["samples"] == 2 and 0 <= d["accuracy"] <= 1
     assert set(d["accuracy_by_style"]) == {"concise", "verbose"}
 
+@pytest.mark.slow  # per-completion gradients through the bppo command (39 s on 2 busy cores)
 def test_probe_writes_json_and_png(tmp_path):
     out = tmp_path / "probe.json"
     r = run("probe", "--prompts", "4", "--json", str(out), "--quiet")

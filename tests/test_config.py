@@ -4,7 +4,7 @@ from dataclasses import fields
 import pytest, yaml
 from hypothesis import given, strategies as st, settings
 from bppo_kit.config import (PRESETS, Config, ConfigError, apply_overrides, get_config, load_config, save_config,
-                             set_value, validate)
+                             set_value)
 
 def ranged_fields():
     c = Config()

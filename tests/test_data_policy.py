@@ -3,8 +3,8 @@ import json, random
 import pytest, torch
 from conftest import ROOT
 from bppo_kit.config import SFTConfig, Config, shared_data_dir
-from bppo_kit.data import (TASKS, DataError, load_synthetic_eval, load_task, make_problem, make_synthetic_eval,
-                           make_trace, read_jsonl, style_of, synthetic_stream)
+from bppo_kit.data import (DataError, load_synthetic_eval, load_task, make_problem, make_synthetic_eval, make_trace,
+                           read_jsonl, style_of, synthetic_stream)
 from bppo_kit.policy import completion_logprobs, load_policy, pack
 from bppo_kit.rollout import HFEngine, SamplingParams
 from bppo_kit.verifier import score
@@ -28,13 +28,15 @@ def test_traces_grade_as_intended():
         assert score(make_trace(p, rng, "concise", wrong_p=0), str(p.answer), "synthetic").correct
         assert score(make_trace(p, rng, "verbose", wrong_p=1, catch_p=1), str(p.answer), "synthetic").correct
         assert not score(make_trace(p, rng, "concise", wrong_p=1), str(p.answer), "synthetic").correct
-        assert style_of(make_trace(p, rng, "verbose")) == "verbose" and style_of(make_trace(p, rng, "concise")) == "concise"
+        assert style_of(make_trace(p, rng, "verbose")) == "verbose"
+        assert style_of(make_trace(p, rng, "concise")) == "concise"
 
 needs_shared = pytest.mark.skipif(not (shared_data_dir() / "gsm8k").exists(), reason="../shared/data not present")
 
 @needs_shared
 @pytest.mark.parametrize("task,split,n", [("gsm8k", "train", 7473), ("gsm8k", "test", 1319), ("math", "train", 7498),
-    ("math500", "test", 500), ("aime24", "test", 30), ("amc23", "test", 40), ("geo3k", "train", 2101), ("geo3k", "test", 601)])
+    ("math500", "test", 500), ("aime24", "test", 30), ("amc23", "test", 40), ("geo3k", "train", 2101),
+    ("geo3k", "test", 601)])
 def test_local_loaders(task, split, n):
     ex = load_task(task, split)
     assert len(ex) == n and all(e.prompt and e.answer and e.task == task for e in ex)

@@ -14,7 +14,7 @@ def egae_loop(r, v, lengths, finished, gamma, lam):
     A, R = torch.zeros(B, T, dtype=F64), torch.zeros(B, T, dtype=F64)
     for b in range(B):
         L, lb = int(lengths[b]), float(lam[b]) if torch.is_tensor(lam) else lam
-        def v_next(t):
+        def v_next(t, b=b, L=L):
             if t + 1 < L: return float(v[b, t + 1])
             return 0.0 if finished[b] else float(v[b, L - 1])  # after the last token
         delta = [float(r[b, t]) + gamma * v_next(t) - float(v[b, t]) for t in range(L)]
@@ -46,7 +46,8 @@ def test_egae_matches_loop(seed, B, T, gamma, lam):
     assert (A[~mask] == 0).all() and (R[~mask] == 0).all()
 
 @settings(max_examples=40, deadline=None)
-@given(seed=st.integers(0, 2**31 - 1), B=st.integers(1, 6), T=st.integers(1, 9), gamma=st.sampled_from([1.0, 0.97, 0.6]))
+@given(seed=st.integers(0, 2**31 - 1), B=st.integers(1, 6), T=st.integers(1, 9),
+       gamma=st.sampled_from([1.0, 0.97, 0.6]))
 def test_all_finished_lam1_is_monte_carlo(seed, B, T, gamma):
     g, lengths, mask, r, v, _ = batch(seed, B, T)
     _, R = egae(r, v, mask, torch.ones(B, dtype=torch.bool), gamma, 1.0)
@@ -90,10 +91,14 @@ def test_egae_float32_close_to_float64_and_no_grad():
 
 def test_egae_rejects_bad_inputs():
     m = torch.tensor([[True, False, True]])
-    with pytest.raises(ValueError, match="left-aligned"): egae(torch.zeros(1, 3), torch.zeros(1, 3), m, torch.ones(1).bool())
-    with pytest.raises(ValueError, match="finished"): egae(torch.zeros(1, 3), torch.zeros(1, 3), m[:, :1].expand(1, 3), torch.ones(2).bool())
-    with pytest.raises(ValueError, match=r"\[B, T\]"): egae(torch.zeros(1, 3), torch.zeros(1, 4), torch.ones(1, 3).bool(), torch.ones(1).bool())
-    with pytest.raises(ValueError, match="lam"): egae(torch.zeros(2, 3), torch.zeros(2, 3), torch.ones(2, 3).bool(), torch.ones(2).bool(), lam=torch.ones(2, 1))
+    with pytest.raises(ValueError, match="left-aligned"):
+        egae(torch.zeros(1, 3), torch.zeros(1, 3), m, torch.ones(1).bool())
+    with pytest.raises(ValueError, match="finished"):
+        egae(torch.zeros(1, 3), torch.zeros(1, 3), m[:, :1].expand(1, 3), torch.ones(2).bool())
+    with pytest.raises(ValueError, match=r"\[B, T\]"):
+        egae(torch.zeros(1, 3), torch.zeros(1, 4), torch.ones(1, 3).bool(), torch.ones(1).bool())
+    with pytest.raises(ValueError, match="lam"):
+        egae(torch.zeros(2, 3), torch.zeros(2, 3), torch.ones(2, 3).bool(), torch.ones(2).bool(), lam=torch.ones(2, 1))
     A, R = egae(torch.zeros(2, 0), torch.zeros(2, 0), torch.ones(2, 0).bool(), torch.ones(2).bool())  # empty window
     assert A.shape == R.shape == (2, 0)
 

@@ -72,7 +72,9 @@ def test_bfloat16_inputs_chunked():
 
 def test_imports_and_runs_without_triton():
     code = ("import sys; sys.modules['triton'] = None\n"  # any `import triton` now fails
-            "import importlib.util; importlib.util.find_spec = lambda n, *a, _f=importlib.util.find_spec: None if n == 'triton' else _f(n, *a)\n"
+            "import importlib.util\n"
+            "_f = importlib.util.find_spec\n"
+            "importlib.util.find_spec = lambda n, *a, _f=_f: None if n == 'triton' else _f(n, *a)\n"
             "import torch\nfrom bppo_kit import kernels as k\n"
             "assert not k.triton_available() and k.pick_impl(torch.zeros(1)) == 'chunked'\n"
             "e = k.reference_errors('auto'); assert e['impl'] == 'chunked' and e['loss'] < 1e-4, e\n"

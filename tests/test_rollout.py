@@ -1,4 +1,5 @@
-"KitEngine on the shipped policy, as the trainer uses it: identical greedy output, exact log-probs, exact windows, no leaks."
+"""KitEngine on the shipped policy, as the trainer uses it: identical greedy output, exact log-probs, exact windows,
+no leaks."""
 import pytest, torch
 from bppo_kit.data import load_synthetic_eval
 from bppo_kit.policy import completion_logprobs, pack
@@ -56,6 +57,7 @@ def test_bad_requests_fail_fast(shipped):
     with pytest.raises(ValueError, match="KitEngine supports"):
         KitEngine(type("M", (), {"config": type("C", (), {"model_type": "gpt2"})()})(), tok)
 
+@pytest.mark.slow  # 2,000 requests (23 s on 2 busy cores)
 def test_many_short_requests_keep_memory_flat(shipped):
     "2,000 requests in 8 calls: the cache is reused, the resident set does not grow"
     m, tok = shipped

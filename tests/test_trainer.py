@@ -14,6 +14,7 @@ def train_cmd(out, steps=6):
 def steps_of(run):
     return [json.loads(l)["step"] for l in (run / "metrics.jsonl").read_text().splitlines() if l.strip()]
 
+@pytest.mark.slow  # three training runs in subprocesses (302 s measured on 2 busy cores)
 def test_kill_and_resume_is_exact(tmp_path):
     full = subprocess.run(train_cmd(tmp_path / "full"), capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert full.returncode == 0, full.stderr[-3000:]
@@ -40,9 +41,11 @@ def test_bad_value_exits_2(tmp_path):
     assert r.returncode == 2 and "rollout.temperature" in r.stderr and r.stderr.strip().count("\n") == 0
 
 def test_plot_missing_run_exits_2(tmp_path):
-    r = subprocess.run(bppo_cmd() + ["plot", str(tmp_path / "nope")], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    r = subprocess.run(bppo_cmd() + ["plot", str(tmp_path / "nope")], capture_output=True, text=True, timeout=120,
+                       cwd=ROOT)
     assert r.returncode == 2 and "no metrics.jsonl" in r.stderr
 
+@pytest.mark.slow  # a GRPO and a BPPO run (110 s measured on 2 busy cores)
 def test_bppo_trains_two_prefixes_per_group(tmp_path):
     "GRPO and BPPO on the same prompts and samples: BPPO trains at most 2 sequences per group and fewer tokens"
     from bppo_kit.config import get_config
@@ -57,8 +60,10 @@ def test_bppo_trains_two_prefixes_per_group(tmp_path):
     assert g["generated_tokens"] == b["generated_tokens"]  # step 0: same policy, prompts and sampling seed
     assert b["selected_sequences"] <= 2 * 4 and b["selected_sequences"] <= g["selected_sequences"]
     assert b["trained_tokens"] == b["prefix_tokens"] <= g["trained_tokens"]
-    assert all(r["trained_tokens"] > 0 for r in rows["bppo"]) or any(r["frac_zero_std_groups"] == 1 for r in rows["bppo"])
+    assert (all(r["trained_tokens"] > 0 for r in rows["bppo"])
+            or any(r["frac_zero_std_groups"] == 1 for r in rows["bppo"]))
 
+@pytest.mark.slow  # T-PPO runs, stopped and resumed (78 s measured on 2 busy cores)
 def test_tppo_windows_and_resume(tmp_path):
     "T-PPO on the shipped policy: responses span several windows, metrics are logged, and a resumed run is exact"
     from bppo_kit.config import get_config
@@ -82,6 +87,7 @@ def test_tppo_windows_and_resume(tmp_path):
     for (n, p), q in zip(x.state_dict().items(), y.state_dict().values()):
         assert torch.allclose(p, q, atol=1e-5, rtol=0), n
 
+@pytest.mark.slow  # a PPO training run (20 s on 2 busy cores)
 def test_ppo_finishes_every_response(tmp_path):
     from bppo_kit.config import get_config
     from bppo_kit.trainer import read_jsonl_rows, train
@@ -92,12 +98,14 @@ def test_ppo_finishes_every_response(tmp_path):
     assert all(r["finished_frac"] == 1.0 and r["pool_unfinished"] == 0 for r in rows)
     assert all(r["value_loss"] is not None for r in rows)
 
+@pytest.mark.slow  # a BPPO run with resampling (85 s measured on 2 busy cores)
 def test_resample_and_early_stop(tmp_path):
     "BPPO with resampling of zero-signal groups and adaptive completion scheduling runs and reports both"
     from bppo_kit.config import get_config
     from bppo_kit.trainer import read_jsonl_rows, train
     cfg = get_config("cpu-demo", overrides=["algo.name=bppo", "algo.resample=2", "algo.schedule=early_stop",
-                                            "train.prompts_per_step=8", "rollout.group_size=8", "train.steps=2", f"train.out={tmp_path}"])
+                                            "train.prompts_per_step=8", "rollout.group_size=8", "train.steps=2",
+                                            f"train.out={tmp_path}"])
     train(cfg, progress=False, evaluate_every=False)
     rows = read_jsonl_rows(tmp_path / "metrics.jsonl")
     assert all("refilled_groups" in r and 0 <= r["cancelled_frac"] < 1 for r in rows)

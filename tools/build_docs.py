@@ -1,7 +1,8 @@
-"""Render every lesson and tutorial in nbs/ into docs/ as HTML with an index page and navigation (the path without Quarto).
+"""Render every lesson and tutorial in nbs/ into docs/ as HTML with an index page and navigation (the path without
+Quarto).
 
-Each notebook is executed (cells flagged `#| gpu`, `#| slow` or `#| eval: false` are skipped; `#| hide` cells run but are
-not shown), then exported with nbconvert. Every page gets a navigation bar (index, previous, next); links between
+Each notebook is executed (cells flagged `#| gpu`, `#| slow` or `#| eval: false` are skipped; `#| hide` cells run but
+are not shown), then exported with nbconvert. Every page gets a navigation bar (index, previous, next); links between
 notebooks (`07_bppo.ipynb`) become links between pages. Widgets print their text summary instead of rendering
 (`BPPO_NO_WIDGETS=1`). `--check` only verifies that every local link of the site resolves.
 
@@ -15,26 +16,30 @@ nbs, docs = root / "nbs", root / "docs"
 SKIP = re.compile(r"^#\|\s*(gpu|slow|eval:\s*false)\s*$", re.M)
 HIDE = re.compile(r"^#\|\s*hide\s*$", re.M)
 DIRECTIVE = re.compile(r"^#\|.*\n?", re.M)
-NAV_CSS = """<style>.bppo-nav{font-family:system-ui,sans-serif;font-size:14px;padding:8px 16px;border-bottom:1px solid #ddd;
-display:flex;gap:1.5em;background:#fafafa}.bppo-nav a{text-decoration:none}</style>"""
+NAV_CSS = """<style>.bppo-nav{font-family:system-ui,sans-serif;font-size:14px;padding:8px 16px;
+border-bottom:1px solid #ddd;display:flex;gap:1.5em;background:#fafafa}.bppo-nav a{text-decoration:none}</style>"""
 
 def page_name(p: Path) -> str:
-    return ("tutorial_" if p.parent.name == "tutorials" else "") + re.sub(r"^\d+[a-zA-Z0-9]*_", "", p.stem.lower()) + ".html"
+    prefix = "tutorial_" if p.parent.name == "tutorials" else ""
+    return prefix + re.sub(r"^\d+[a-zA-Z0-9]*_", "", p.stem.lower()) + ".html"
 
 def all_notebooks() -> list[Path]:
     return sorted(nbs.glob("*.ipynb")) + sorted((nbs / "tutorials").glob("*.ipynb"))
 
 def title_of(nb) -> str:
     for c in nb.cells:
-        if c.cell_type == "markdown" and c.source.lstrip().startswith("# "): return c.source.lstrip()[2:].splitlines()[0]
+        if c.cell_type == "markdown" and c.source.lstrip().startswith("# "):
+            return c.source.lstrip()[2:].splitlines()[0]
     return "untitled"
 
 def subtitle_of(nb) -> str:
-    return next((l[2:] for c in nb.cells if c.cell_type == "markdown" for l in c.source.splitlines() if l.startswith("> ")), "")
+    return next((l[2:] for c in nb.cells if c.cell_type == "markdown" for l in c.source.splitlines()
+                 if l.startswith("> ")), "")
 
 def nav_bar(i: int, pages: list[tuple[str, str]]) -> str:
     "The bar on page `i` of `pages` [(file, title)]: index, previous, next"
-    link = lambda j, arrow: (f'<a href="{pages[j][0]}">{arrow} {html.escape(pages[j][1])}</a>' if 0 <= j < len(pages) else "")
+    link = lambda j, arrow: (f'<a href="{pages[j][0]}">{arrow} {html.escape(pages[j][1])}</a>'
+                             if 0 <= j < len(pages) else "")
     return f'<nav class="bppo-nav"><a href="index.html">bppo_kit · index</a>{link(i - 1, "←")}{link(i + 1, "→")}</nav>'
 
 def fix_links(body: str) -> str:
@@ -73,11 +78,13 @@ def write_site(out: Path):
         nb = nbformat.read(p, as_version=4)
         rows.append((page_name(p), title_of(nb), subtitle_of(nb), p.parent.name == "tutorials"))
     order = [(n, t) for n, t, s, u in rows if not u] + [(n, t) for n, t, s, u in rows if u]
-    for i, (n, t) in enumerate(order): (out / n).write_text(add_nav((out / n).read_text(), nav_bar(i, order)))
-    items = lambda tut: "\n".join(f'<li><a href="{n}">{html.escape(t)}</a> — {html.escape(s)}</li>' for n, t, s, u in rows if u == tut)
+    for i, (n, _) in enumerate(order): (out / n).write_text(add_nav((out / n).read_text(), nav_bar(i, order)))
+    items = lambda tut: "\n".join(f'<li><a href="{n}">{html.escape(t)}</a> — {html.escape(s)}</li>'
+                                   for n, t, s, u in rows if u == tut)
     (out / "index.html").write_text(f"""<!doctype html><html><head><meta charset="utf-8"><title>bppo_kit</title>
 <style>body{{font-family:system-ui,sans-serif;max-width:52rem;margin:2rem auto;line-height:1.5}}</style></head><body>
-<h1>bppo_kit</h1><p>Efficient RL for reasoning language models — GRPO, BPPO and T-PPO on one engine, one lesson per component.</p>
+<h1>bppo_kit</h1><p>Efficient RL for reasoning language models — GRPO, BPPO and T-PPO on one engine,
+one lesson per component.</p>
 <h2>Lessons</h2><ul>{items(False) or '<li>(none built)</li>'}</ul>
 <h2>Tutorials</h2><ul>{items(True) or '<li>(none yet)</li>'}</ul></body></html>
 """)
