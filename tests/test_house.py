@@ -1,0 +1,30 @@
+"The house's own checks can fail: the clean check flags a dirtied notebook, the house-rules check a broken rule."
+import json, shutil, subprocess, sys
+from conftest import ROOT
+
+def tool(name, *args):
+    return subprocess.run([sys.executable, str(ROOT / "tools" / name), *map(str, args)], capture_output=True, text=True,
+                          timeout=300, cwd=ROOT)
+
+def test_clean_check_flags_a_dirty_notebook(tmp_path):
+    nb = tmp_path / "00_config.ipynb"
+    shutil.copy(ROOT / "nbs" / "00_config.ipynb", nb)
+    assert tool("check_clean.py", nb).returncode == 0
+    d = json.loads(nb.read_text())
+    d["cells"][0]["execution_count"] = 3; d["cells"][0]["metadata"]["scrolled"] = True
+    nb.write_text(json.dumps(d, indent=1))
+    r = tool("check_clean.py", nb)
+    assert r.returncode == 1 and "00_config.ipynb" in r.stdout
+
+def test_house_rules_can_fail(tmp_path):
+    "(`make lint` runs the check on the package itself)"
+    pkg = tmp_path / "bppo_kit"
+    shutil.copytree(ROOT / "bppo_kit", pkg)
+    (pkg / "kernels.py").write_text((pkg / "kernels.py").read_text() + "\nfrom .grpo import group_advantages\n")
+    body = "".join(f"    x{i} = {i}\n" for i in range(61))
+    extra = f"\ndef long():\n{body}\nif isinstance(a, TPPO): pass\n"
+    (pkg / "trainer.py").write_text((pkg / "trainer.py").read_text() + extra)
+    r = tool("check_house.py", pkg)
+    out = r.stdout
+    assert r.returncode == 1
+    assert "kernels" in out and "long is 62 lines" in out and "trainer" in out
