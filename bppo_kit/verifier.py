@@ -4,17 +4,7 @@
 
 # %% ../nbs/01_verifier.ipynb #64bdfe68
 from __future__ import annotations
-import atexit
-import importlib.util
-import logging
-import multiprocessing as mp
-import os
-import re
-import signal
-import sys
-import threading
-import time
-import warnings
+import atexit, importlib.util, logging, multiprocessing as mp, os, re, signal, sys, threading, time, warnings
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 from decimal import Decimal
@@ -40,11 +30,10 @@ class Score:
 # %% ../nbs/01_verifier.ipynb #0279ed65
 MAX_CHARS = 20_000  # answers sit at the end: longer responses are graded on their tail
 MAX_ANSWER = 1_000  # an extracted answer longer than this is compared as a string only, never parsed
+
 _INVISIBLE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u00ad\u061c\u200b-\u200f"
                         "\u2028-\u202e\u2060-\u2069\ufeff]")  # control, soft hyphen, zero-width, bidi, BOM
-
 _SPECIAL = re.compile(r"<\|[A-Za-z_]{1,30}\|>|</?s>|<eos>|<pad>")  # special tokens a decoder left in: <|im_end|>, </s>
-
 def clean_text(text) -> str:
     "`text` ready to scan ('' if not a string): its last `MAX_CHARS` characters, no invisible ones or special tokens"
     if not isinstance(text, str): return ""
@@ -53,7 +42,6 @@ def clean_text(text) -> str:
 
 # %% ../nbs/01_verifier.ipynb #5e9313d1
 _BRACE = re.compile(r"(?<!\\)[{}]")  # escaped \{ \} are set braces, not grouping
-
 def _brace_pairs(text: str) -> dict[int, int]:
     "Position of each `{` in `text` mapped to the position of its closing `}` (unclosed ones are absent)"
     stack, pairs = [], {}
@@ -62,9 +50,7 @@ def _brace_pairs(text: str) -> dict[int, int]:
         elif stack: pairs[stack.pop()] = m.start()
     return pairs
 
-# %% ../nbs/01_verifier.ipynb #36a720d9
 _BOX = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])\s*")
-
 def _boxed_spans(text: str) -> list[tuple[int, str]]:
     "(position, content) of every closed `\\boxed{...}`/`\\fbox{...}`, and of `\\boxed 5` without braces"
     if "\\boxed" not in text and "\\fbox" not in text: return []
@@ -86,7 +72,6 @@ def last_boxed(text: str) -> str | None:
 # %% ../nbs/01_verifier.ipynb #5ae1e95e
 _SPAN = re.compile(r"(?<!\\)\$\$(.{1,1000}?)(?<!\\)\$\$|(?<!\\)\$(.{1,1000}?)(?<!\\)\$"  # $$…$$, $…$ (not \$)
                    r"|\\\((.{1,1000}?)\\\)|\\\[(.{1,1000}?)\\\]", re.DOTALL)  # \(…\), \[…\]
-
 def _span_content(m: re.Match) -> str: return next(g for g in m.groups() if g is not None).strip()
 
 def _phrase_answer(s: str) -> str:
@@ -98,11 +83,9 @@ def _phrase_answer(s: str) -> str:
     s = re.sub(r"(?<=\S)\s+\([A-Za-z][A-Za-z ]+\)$", "", s.strip().rstrip("."))  # 7 (seven)
     return s.strip().rstrip(".,;:").strip("*").strip()
 
-# %% ../nbs/01_verifier.ipynb #34db84c9
 _COMMAND_OR_TEXT = re.compile(r"\\(?:text|textbf|mathrm|mbox|begin|end)\s*\{[^{}]{0,100}\}|\\[A-Za-z]+")
 _BARE_WORDS = {"and", "or", "sqrt", "pi", "infty", "inf", "infinity", "percent", "dollars", "cents", "degrees", "units",
                "thousand", "million", "billion", "trillion", "option", "choice"}
-
 def looks_bare(text: str) -> bool:
     "Is `text` itself an answer (short, and no prose words outside LaTeX commands), like `$\\frac12$` or `7,425,000`?"
     s = text.strip()
@@ -118,7 +101,6 @@ _PHRASE = re.compile(r"(?im)(?:\b(?:the|my)\s+(?:final\s+)?answer\s+is\b\s*:?|\b
                      r"|^[ \t*#]*(?:\\text(?:bf)?\{\s*)?answer\s*[:=])[ \t*]*([^\n]{0,300})")
 _NUMBER = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?(?!\d)|-?\d+(?:\.\d+)?(?:/\d+)?|-?\.\d+")
 _CALC = re.compile(r"<<[^<>\n]{0,200}>>")
-
 def extract_answer(text: str, # the model's response (or a bare answer)
                    last_number: bool = True, # allow the fallbacks: last math span, then last number
                    *, bare: bool = True): # a short all-math text counts as the answer itself
@@ -180,9 +162,17 @@ _UNICODE = str.maketrans({"−": "-", "–": "-", "—": "-", "×": "\\times ", 
                           "∞": "\\infty ", "≤": "\\le ", "≥": "\\ge ", "≠": "\\ne ", "√": "\\sqrt ", "°": "^\\circ ",
                           "\u00a0": " ", "，": ",", "＄": "$", "½": "\\frac{1}{2}", "⅓": "\\frac{1}{3}",
                           "⅔": "\\frac{2}{3}", "¼": "\\frac{1}{4}", "¾": "\\frac{3}{4}", "⅛": "\\frac{1}{8}",
-                          "²": "^2", "³": "^3",
                           "±": "\\pm ", "∓": "\\mp ", "≈": "\\approx ", "∪": "\\cup ", "∩": "\\cap ", "∈": "\\in ",
-                          "∅": "\\emptyset ", "ℝ": "\\mathbb{R}", "⋅": "\\cdot ", "∙": "\\cdot "})
+                          "²": "^2", "³": "^3", "∅": "\\emptyset ", "ℝ": "\\mathbb{R}", "⋅": "\\cdot ", "∙": "\\cdot "})
+
+_UNIT_WORDS = re.compile(r"^(.*?[\d}\)])\s*("
+                         r"(?:(?:k|c|m)?m|ft|mi|in|yd|k?g|m?[lL])/(?:s|h|hr|min|sec)(?:\^?\{?2\}?)?|"  # km/h, m/s^2
+                         r"(?:(?!(?:arc)?(?:sin|cos|tan|cot|sec|csc|log|exp)\b)[A-Za-z]{3,}"  # a word, not a function
+                         r"|cm|mm|km|ft|in|yd|mi|kg|mg|ml|hr|oz|lb)\.?"
+                         r"(?:\s+[A-Za-z]{2,}\.?){0,3})\s*(?:\^\s*\{?[23]\}?)?$")
+
+_SET_BUILDER = re.compile(r"\\\{\s*([A-Za-z])\s*(?:\\mid|\||:)"  # \{x \mid x > 2\}
+                          r"\s*([^{}]*?(?:<|>|\\le|\\ge|\\ne|\\lt|\\gt)[^{}]*?)\s*\\\}")
 
 # %% ../nbs/01_verifier.ipynb #753850f9
 def _unwrap(s: str, cmd: str) -> str:
@@ -202,22 +192,18 @@ def _unwrap(s: str, cmd: str) -> str:
         out.append(s[i:k] + s[j + 1:e]); i = e + 1
     return "".join(out) + s[i:]
 
-# %% ../nbs/01_verifier.ipynb #750a0a83
 _TEXT_UNIT = re.compile(r"(.*?[\w})\]])\s*\\(text|textrm|mbox|mathrm)\s*"
                         r"\{\s*([A-Za-z][A-Za-z./ ]{0,40}|\([A-Za-z]{2}[A-Za-z./ ]{0,40}\)|)\s*\}"
                         r"\s*(?:\^\s*\{?\s*[23]\s*\}?)?")  # 15\text{ cm}^2, 8\pi \mbox{ inches}
-
 def _drop_text_unit(s: str) -> str:
     "`s` without a `\\text{unit}` after a quantity (`\\mathrm{e}` and `\\mathrm{i}` are constants, not units)"
     m = _TEXT_UNIT.fullmatch(s)
     if not m or not re.search(r"\d|\\pi", m.group(1)) or (m.group(2) == "mathrm" and m.group(3) in ("e", "i")): return s
     return m.group(1)
 
-# %% ../nbs/01_verifier.ipynb #cb890b08
 _SMALL = "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen " \
          "seventeen eighteen nineteen twenty".split()
 _TENS = dict(zip("twenty thirty forty fifty sixty seventy eighty ninety".split(), range(20, 100, 10), strict=True))
-
 def _number_word(s: str) -> str:
     "`s` in digits if it is a number word below 100 (`seven`, `Twenty-five`), else `s`"
     w = s.lower().split("-")
@@ -231,7 +217,6 @@ _OPS = [(r"\\leq?(?![A-Za-z])|\\leqslant", "<="), (r"\\geq?(?![A-Za-z])|\\geqsla
         (r"\\lt(?![A-Za-z])", "<"), (r"\\gt(?![A-Za-z])", ">")]
 _OR = re.compile(r"\\(?:text|textrm|mbox|mathrm)\s*\{\s*or\s*\}"
                  r"|\\lor(?![A-Za-z])|\\vee(?![A-Za-z])|\\cup(?![A-Za-z])|\s+or\s+")
-
 def _interval(p: str):
     "(variable, interval) for one inequality in one variable (`x > 2`, `3 >= x`, `-1 < x <= 4`), or None"
     def side(v, op, b):  # the interval of `v op b`
@@ -253,24 +238,12 @@ def _inequality_union(s: str) -> str:
     if len(parts) < 2 or None in parts or len({v for v, _ in parts}) != 1: return s
     return " \\cup ".join(i for _, i in parts)
 
-# %% ../nbs/01_verifier.ipynb #b29775e1
 def _approx(s: str) -> str:
     "`s` without its approximation: `x \\approx 3.14` gives 3.14, `\\sqrt2 \\approx 1.414` the exact `\\sqrt2`"
     s = re.sub(r"^\s*\\approx(?![A-Za-z])\s*", "", s)
     m = re.fullmatch(r"(.+?)\s*\\approx(?![A-Za-z])\s*([^=]+)", s)
     if not m: return s
     return m.group(2) if re.fullmatch(r"[A-Za-z](?:_\{?\w{1,3}\}?)?", m.group(1).strip()) else m.group(1)
-
-# %% ../nbs/01_verifier.ipynb #1801ebd8
-_UNIT_WORDS = re.compile(r"^(.*?[\d}\)])\s*("
-                         r"(?:(?:k|c|m)?m|ft|mi|in|yd|k?g|m?[lL])/(?:s|h|hr|min|sec)(?:\^?\{?2\}?)?|"  # km/h, m/s^2
-                         r"(?:(?!(?:arc)?(?:sin|cos|tan|cot|sec|csc|log|exp)\b)[A-Za-z]{3,}"  # a word, not a function
-                         r"|cm|mm|km|ft|in|yd|mi|kg|mg|ml|hr|oz|lb)\.?"
-                         r"(?:\s+[A-Za-z]{2,}\.?){0,3})\s*(?:\^\s*\{?[23]\}?)?$")
-
-# %% ../nbs/01_verifier.ipynb #7eaf6f94
-_SET_BUILDER = re.compile(r"\\\{\s*([A-Za-z])\s*(?:\\mid|\||:)"  # \{x \mid x > 2\}
-                          r"\s*([^{}]*?(?:<|>|\\le|\\ge|\\ne|\\lt|\\gt)[^{}]*?)\s*\\\}")
 
 # %% ../nbs/01_verifier.ipynb #26a7a115
 _PLAIN_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
@@ -279,7 +252,6 @@ _TRIG = re.compile(r"\\(?:arc)?(?:sin|cos|tan|cot|sec|csc)(?![A-Za-z])")
 _DEG = r"\^\s*(?:\{\s*\\circ\s*\}|\\circ)"  # ^\circ, ^{\circ}
 _DEGREE = re.compile(_DEG + r"|\\circ(?![A-Za-z])")
 _SCALE = {"thousand": 3, "million": 6, "billion": 9, "trillion": 12}
-
 def normalize_answer(s: str) -> str:
     "`s` as a grader reads it: delimiters, spacing, units, `\\text{}`, degrees, currency and choice letters stripped"
     if not isinstance(s, str): return ""
@@ -339,14 +311,11 @@ def normalize_answer(s: str) -> str:
 
 # %% ../nbs/01_verifier.ipynb #82247455
 _NUM_RE = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d{1,3}(?: \d{3})+|\d+)(?:\.\d+)?|[-+]?\.\d+")  # 1,234 and 1 234
-
 def _plain(s: str) -> Fraction | None:
     if not _NUM_RE.fullmatch(s): return None
     return Fraction(s.replace(",", "").replace(" ", ""))
 
-# %% ../nbs/01_verifier.ipynb #2299d49b
 _REPEAT_RE = re.compile(r"(-?)(\d*)\.(\d*)\\(?:overline|bar)\s*\{?(\d{1,20})\}?")  # 0.1\overline{6} = 1/6
-
 def _repeating(m: re.Match) -> Fraction:
     "The value of a repeating decimal matched by `_REPEAT_RE`"
     whole, head, rep = m.group(2) or "0", m.group(3), m.group(4)
@@ -357,7 +326,6 @@ def _repeating(m: re.Match) -> Fraction:
 _FRAC_RE = re.compile(r"(-?)\\frac\s*(?:\{\s*(-?\d+)\s*\}|(\d))\s*(?:\{\s*(\d+)\s*\}|(\d))")
 _SCI_RE = re.compile(r"(.+?)\s*(?:\\times|\\cdot|\*|x)\s*10\s*\^\s*\{?\s*(-?\d{1,3})\s*\}?")
 _E_RE = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)[eE][-+]?\d{1,3}")  # 2.5e3
-
 def to_number(s: str) -> Fraction | None:
     "`s` as an exact `Fraction` if it is a plain number (1,234, 2.5, 3/4, \\frac34, 2\\frac12, 50%, $7, 1.5\\times10^3)"
     if not isinstance(s, str): return None
@@ -392,13 +360,11 @@ def to_number(s: str) -> Fraction | None:
 # %% ../nbs/01_verifier.ipynb #a2c56b4f
 _SPACE = re.compile(r"(?<!\d)\s+|\s+(?!\d)")  # "2 5" is not 25 (1 000 is, as a number: `to_number`)
 _WORD = re.compile(r"[A-Za-z'\-]+")
-
 def _key(s: str) -> str:
     "A comparison key: no whitespace (but digits apart stay apart), and lower case for plain words"
     k = _SPACE.sub("", s) if " " in s or "\t" in s or "\n" in s else s
     return k.lower() if _WORD.fullmatch(k) else k
 
-# %% ../nbs/01_verifier.ipynb #eb5fe48f
 def _split_top(s: str) -> list[str]:
     "`s` split at commas outside brackets"
     parts, depth, cur = [], 0, []
@@ -408,7 +374,6 @@ def _split_top(s: str) -> list[str]:
         else: cur.append(ch)
     return parts + ["".join(cur)]
 
-# %% ../nbs/01_verifier.ipynb #15c3e798
 def _expand_pm(f: str) -> str:
     "`f` with each comma-separated part that holds one `\\pm` (or `\\mp`) written as its two values"
     if "\\pm" not in f and "\\mp" not in f: return f
@@ -423,7 +388,6 @@ def _expand_pm(f: str) -> str:
 _ASSIGN = re.compile(r"\s*[A-Za-z](?:_\{?\w{1,3}\}?)?\s*=\s*([^=]+)")
 _ASSIGN_R = re.compile(r"\s*([^=]+?)\s*=\s*[A-Za-z](?:_\{?\w{1,3}\}?)?\s*")  # 5 = x
 _COLUMN = re.compile(r"\\begin\{[pb]matrix\}([^&]*?)\\end\{[pb]matrix\}", re.DOTALL)
-
 def answer_forms(s: str, other: str) -> list[str]:
     "Normalized forms of `s` worth comparing with `other`: itself, and the readings that `other` calls for"
     n, o = normalize_answer(s), normalize_answer(other)
@@ -458,14 +422,12 @@ def numbers_equal(a: str, b: str) -> bool | None:
     if (decimal(a) and not _terminating(y)) or (decimal(b) and not _terminating(x)): return None  # rounding question
     return False
 
-# %% ../nbs/01_verifier.ipynb #53ea613f
 def _shape(f: str) -> str | None:
     "'set' for an explicit set of plain values `\\{1, 2\\}`, 'tuple' for `(1, 2)` / `[1, 2]`, else None"
     if f.startswith("\\{") and f.endswith("\\}") and "(" not in f and "[" not in f: return "set"
     if f[:1] in "([" and f[-1:] in ")]" and "," in f and "\\cup" not in f: return "tuple"
     return None
 
-# %% ../nbs/01_verifier.ipynb #588d0804
 def quick_equal(pred: str, gold: str) -> bool | None:
     "Fast verdict on `pred` vs `gold`: True, False, or None when symbolic equivalence must decide"
     if not isinstance(pred, str) or not isinstance(gold, str): return False
@@ -486,7 +448,6 @@ def quick_equal(pred: str, gold: str) -> bool | None:
 # %% ../nbs/01_verifier.ipynb #e366a073
 _EXP = re.compile(r"\^\s*(\{|\\[A-Za-z]+|\d+(?:\.\d+)?|[A-Za-z])")  # b^2a^3 is b^2 times a^3, no tower
 _FACT = re.compile(r"(\d+)\s*!")
-
 def too_big(s: str) -> bool:
     "Could evaluating `s` blow up: an exponent tower, a >4-digit exponent, n! for n > 1000, deep nesting?"
     if len(s) > MAX_ANSWER or re.search(r"\d{301}", s): return True
@@ -508,7 +469,6 @@ def too_big(s: str) -> bool:
 
 # %% ../nbs/01_verifier.ipynb #7df88c66
 _MV = {}  # math-verify's functions and config, imported once per process
-
 def _mv():
     if not _MV:
         logging.getLogger("math_verify").setLevel(logging.CRITICAL)  # it warns when its own (signal) timeout is off
@@ -522,9 +482,7 @@ def _mv():
                    cfg=[LatexExtractionConfig(boxed_match_priority=0, normalization_config=norm)])
     return _MV
 
-# %% ../nbs/01_verifier.ipynb #86824512
 _LETTER = re.compile(r"\\[A-Za-z]+|[A-Za-z]")
-
 def _imaginary(s: str) -> str:
     "`s` with `i` as `I`, the parser's imaginary unit, when it is the only variable: `i^2` is -1, `x_i` keeps its index"
     if "i" not in s: return s
@@ -532,9 +490,7 @@ def _imaginary(s: str) -> str:
     if "i" not in letters or letters - {"i", "e"}: return s
     return re.sub(r"(?<![\\A-Za-z])i(?![A-Za-z])", "(I)", s)  # in parentheses: the parser drops the power of a bare I^2
 
-# %% ../nbs/01_verifier.ipynb #2cd765fb
 _DECIMAL = re.compile(r"(?<![\d.])(\d{0,15})\.(\d{1,15})(?![\d.])")  # 2.5 and .5
-
 def _exact(s: str) -> str:
     "`s` with each decimal inside an expression written as a fraction, so that `\\sqrt{2.5}` is exactly `\\sqrt{10}/2`"
     if "." not in s or _PLAIN_NUMBER.fullmatch(s.strip()): return s
@@ -558,7 +514,6 @@ def symbolic_equal(preds: list[str], # normalized forms of the prediction
             if pp and mv["verify"](list(pg), list(pp), timeout_seconds=None, allow_set_relation_comp=True): return True
     return False
 
-# %% ../nbs/01_verifier.ipynb #f18965ab
 def _dollars(s: str) -> str:
     "`s` wrapped in `$...$` if it is a bare answer without delimiters (math-verify's README wraps its inputs so)"
     has = any(t in s for t in ("$", "\\boxed", "\\fbox", "\\(", "\\[", "####"))
@@ -587,9 +542,7 @@ def _limit_memory(extra: int):
         resource.setrlimit(resource.RLIMIT_AS, (lim, hard))
     except (OSError, ValueError, ImportError): pass
 
-# %% ../nbs/01_verifier.ipynb #fcdd11bf
 _JOBS = {"ours": symbolic_equal, "plain": lambda preds, golds: plain_math_verify(preds[0], golds[0])}
-
 def _run_job(job) -> bool | None:
     "Run one (kind, preds, golds, soft_timeout) job; None if the soft deadline passed"
     kind, preds, golds, soft = job
@@ -617,7 +570,6 @@ def _serve(conn, parent_end=None):
 _WARM_CASES = [("\\frac{1}{2}", "0.5"), ("x > 2", "(2,\\infty)"), ("(x+1)^2", "x^2+2x+1"), ("\\{1,2\\}", "2,1"),
                ("y=2x+3", "y=3+2x"), ("\\sqrt{8}", "2\\sqrt{2}"), ("1+2i", "2i+1"), ("(1,2)", "(1,2)"),
                ("\\begin{pmatrix}1\\\\2\\end{pmatrix}", "\\begin{pmatrix}1\\\\2\\end{pmatrix}")]
-
 def _warm_up():
     "Import math-verify and run each kind of comparison once in this process, so that forked workers start warm"
     if "warm" not in _MV:
@@ -700,7 +652,6 @@ class SymbolicPool:
 
 # %% ../nbs/01_verifier.ipynb #593b3c11
 _POOLS: dict[int, SymbolicPool] = {}
-
 def get_pool(n: int = 1) -> SymbolicPool:
     "This process's shared pool, with room for at least `n` workers"
     pool = _POOLS.get(os.getpid())
@@ -732,16 +683,15 @@ CACHE = _LRU(100_000)  # (pred forms, gold forms) -> symbolic verdict
 # %% ../nbs/01_verifier.ipynb #c8ef073a
 ANCHORED = ("hash", "boxed", "phrase")
 FORMAT_RULES = ("answer", "single", "think")
-_THINK = re.compile(rf"\s*<think>.{{0,{MAX_CHARS}}}?</think>", re.DOTALL)
 
+_THINK = re.compile(rf"\s*<think>.{{0,{MAX_CHARS}}}?</think>", re.DOTALL)
 def check_format(text: str, how: str | None, rule: str = "answer") -> bool:
     "Does `text` (already cleaned) meet the format `rule`, given how its answer was found?"
     if rule == "answer": return how in ANCHORED
     if rule == "single":
         n = len(_HASH.findall(text)) + len(_BOX.findall(text))
         return how in ANCHORED and (n == 1 or (n == 0 and len(_PHRASE.findall(text)) == 1))
-    if rule == "think":
-        return bool(_THINK.match(text)) and text.count("</think>") == 1 and how in ANCHORED
+    if rule == "think": return bool(_THINK.match(text)) and text.count("</think>") == 1 and how in ANCHORED
     raise ValueError(f"unknown format_rule {rule!r}; choose from {', '.join(FORMAT_RULES)}")
 
 # %% ../nbs/01_verifier.ipynb #186ed6aa
@@ -765,7 +715,6 @@ def _prepare(completion, gold, task: str, format_rule: str):
 def _reward(ok: bool, fmt: bool, correct_weight: float, format_weight: float) -> float:
     return float(correct_weight * ok + (format_weight if fmt else -format_weight))
 
-# %% ../nbs/01_verifier.ipynb #250de75a
 def score(completion: str, # the model's whole response, or a bare answer
           gold: str, # the reference answer (bare, `#### N`, a solution with `\boxed{}`, or a number)
           task: str = "auto", # extraction policy: a key of `TASK_POLICIES`
@@ -819,7 +768,6 @@ def _content(c) -> str:
         return m if isinstance(m, str) else ""
     return ""
 
-# %% ../nbs/01_verifier.ipynb #1acc6f6c
 def reward_fn(completions: list, # one response per sample: a string or a list of chat messages
               answer: list, # the gold answers, aligned with `completions`
               task: str | list[str] = "auto", # extraction policy, or a per-sample column
