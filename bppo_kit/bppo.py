@@ -20,7 +20,8 @@ def select_binary(correct: torch.Tensor, # [B, G] bool
                   lengths: torch.Tensor) -> torch.Tensor: # [B, G] response lengths
     "Indices [B, 2] of the shortest correct and the shortest incorrect completion per group (-1 if none)"
     if correct.shape != lengths.shape or correct.dim() != 2:
-        raise ValueError(f"correct and lengths must both be [B, G], got {tuple(correct.shape)} and {tuple(lengths.shape)}")
+        raise ValueError(f"correct and lengths must both be [B, G], "
+                         f"got {tuple(correct.shape)} and {tuple(lengths.shape)}")
     c = correct.bool()
     big = lengths.max().item() + 1 if lengths.numel() else 1
     out = []
@@ -63,7 +64,8 @@ def masked_group_advantages(rewards: torch.Tensor, valid: torch.Tensor, eps: flo
     return (rewards.float() - mu) * (sd > eps) / (sd + eps) * v
 
 def pair_advantages(rewards: torch.Tensor, correct: torch.Tensor, sel: torch.Tensor, # [B, G], [B, G], [B, 2]
-                    weight: str = "class", valid: torch.Tensor | None = None) -> torch.Tensor: # valid: [B, G], None = all
+                    weight: str = "class", # "class": a representative stands for its class; "one": for itself
+                    valid: torch.Tensor | None = None) -> torch.Tensor: # [B, G] members to count; None = all
     "Advantages [B, 2] of the selected completions, from the full group's normalization (0 where none)"
     adv = group_advantages(rewards, "group") if valid is None else masked_group_advantages(rewards, valid)
     picked = adv.gather(1, sel.clamp(min=0)) * (sel >= 0)
@@ -84,7 +86,8 @@ def early_stop(examples: list[Example], group_size: int, min_done: int | None = 
         e = examples[c.prompt_index]
         st = seen.setdefault(c.prompt_index, [0, False, False])
         st[0] += 1; st[1 if score(c.text, e.answer, e.task).correct else 2] = True
-        if st[1] and st[2] and st[0] >= need: return [(c.seed, c.prompt_index * group_size + j) for j in range(group_size)]
+        if st[1] and st[2] and st[0] >= need:
+            return [(c.seed, c.prompt_index * group_size + j) for j in range(group_size)]
         return ()
     return on_finish
 
@@ -95,7 +98,8 @@ class BPPO(Algorithm):
     @classmethod
     def check(cls, cfg: Config):
         if cfg.algo.schedule != "none" and cfg.rollout.engine != "kit":
-            raise ConfigError(f"algo.schedule: {cfg.algo.schedule} cancels requests mid-generation; use rollout.engine=kit")
+            raise ConfigError(f"algo.schedule: {cfg.algo.schedule} cancels requests mid-generation; "
+                              "use rollout.engine=kit")
 
     def prepare(self, r: Rollout, step: int = 0) -> tuple[list[TrainItem], dict]:
         "Train items (two per mixed group, prefixes only) and metrics for a scored rollout"
@@ -118,7 +122,8 @@ class BPPO(Algorithm):
                 items.append(TrainItem(c.prompt_ids, c.completion_ids, adv[b, k].item(), int(keep[b, k])))
         return items, self._metrics(r, items, ratio)
 
-    def _prefix_only(self, r: Rollout, sel: torch.Tensor, keep: torch.Tensor, ratio: float) -> tuple[list[TrainItem], dict]:
+    def _prefix_only(self, r: Rollout, sel: torch.Tensor, keep: torch.Tensor,
+                     ratio: float) -> tuple[list[TrainItem], dict]:
         "The 'prefix only' ablation: every completion trained (GRPO's advantages), each cut like the representatives"
         a, G = self.cfg.algo, r.rewards.shape[1]
         adv = group_advantages(r.rewards) if r.valid is None else masked_group_advantages(r.rewards, r.valid)

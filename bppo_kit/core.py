@@ -36,8 +36,10 @@ class Completion:
     completion_ids: list[int]  # generated tokens, ending with the stop token if one was produced
     text: str  # the completion decoded without special tokens
     logprobs: list[float]  # log p of each completion token under the sampling temperature, before truncation
-    finish_reason: str  # "eos" (a stop token), "length" (max_new_tokens), "window" (paused by a windowed engine), "cancelled"
-    seed: int | None = None  # KitEngine: the request's sampling seed and id, so a paused request resumes with the same noise
+    # "eos" (a stop token), "length" (max_new_tokens), "window" (paused by a windowed engine), "cancelled"
+    finish_reason: str
+    # KitEngine: the request's sampling seed and id, so a paused request resumes with the same noise
+    seed: int | None = None
     uid: int | None = None
 
     @property
@@ -80,7 +82,8 @@ class TrainItem:
     advantage: float
     n_train: int  # the first n_train completion tokens carry loss
     start: int = 0  # ... from this one on (T-PPO trains only the tokens of the latest window)
-    token_adv: list[float] | None = None  # per-token advantages for tokens start…n_train-1 (T-PPO); None = `advantage` everywhere
+    # per-token advantages for tokens start…n_train-1 (T-PPO); None = `advantage` everywhere
+    token_adv: list[float] | None = None
 
 # %% ../nbs/03c_core.ipynb #d259983d
 def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim=None) -> torch.Tensor:
@@ -132,7 +135,8 @@ class Algorithm:
         "The engine's `on_finish` callback for this step's prompts, or None: every completion runs to its end"
         return None
 
-    def surrogate(self, logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def surrogate(self, logp: torch.Tensor, old_logp: torch.Tensor,
+                  adv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         "Per-token policy loss [B, T] and the tokens whose gradient clipping removed"
         return clipped_surrogate(logp, old_logp, adv, self.cfg.algo.eps_low, self.cfg.algo.eps_high)
 
@@ -148,7 +152,8 @@ ALGORITHMS: dict[str, type] = {}  # name -> Algorithm subclass; filled by `regis
 
 def register(name: str): # the `algo.name` that selects the class
     "Class decorator: make an `Algorithm` subclass available as `algo.name=name`"
-    if not name or not name.replace("_", "").replace("-", "").isalnum(): raise ValueError(f"bad algorithm name {name!r}")
+    if not name or not name.replace("_", "").replace("-", "").isalnum():
+        raise ValueError(f"bad algorithm name {name!r}")
     def deco(cls):
         if not (isinstance(cls, type) and issubclass(cls, Algorithm)):
             raise TypeError(f"register({name!r}) takes a subclass of bppo_kit.core.Algorithm, got {cls!r}")

@@ -27,7 +27,8 @@ def step_seed(seed: int, # the run's seed (`data.seed` for prompts, `train.seed`
               round_: int = 0) -> int: # resampling round (0 = the step's first draw)
     "The seed of one random stream of a step"
     if stream == "eval": return seed + 7  # fixed for the run: every evaluation samples with the same noise
-    if stream not in ROUND_OFFSETS: raise ValueError(f"stream must be one of {', '.join(ROUND_OFFSETS)}, eval; got {stream!r}")
+    if stream not in ROUND_OFFSETS:
+        raise ValueError(f"stream must be one of {', '.join(ROUND_OFFSETS)}, eval; got {stream!r}")
     return seed * SEED_PRIME + step + ROUND_OFFSETS[stream] * round_
 
 # %% ../nbs/04c_sampler.ipynb #522b7114
@@ -37,7 +38,8 @@ class PromptSource:
         self.cfg, self.n = cfg, cfg.train.prompts_per_step
         d = cfg.data
         self.examples = None if d.task == "synthetic" else load_task(d.task, "train", d.path or None)
-        self.held = {e.meta["expr"] for e in load_synthetic_eval(d.eval_path or None)} if d.task == "synthetic" else set()
+        self.held = ({e.meta["expr"] for e in load_synthetic_eval(d.eval_path or None)} if d.task == "synthetic"
+                     else set())
 
     def __call__(self, step: int) -> list[Example]:
         seed = self.cfg.data.seed
@@ -50,7 +52,7 @@ class PromptSource:
         return [self.examples[i] for i in order[k * self.n:(k + 1) * self.n]]
 
     def extra(self, step: int, round_: int, n: int) -> list[Example]:
-        "`n` more prompts for step `step` (resampling round `round_` >= 1): fresh problems, or a seeded draw of the data"
+        "`n` more prompts for step `step` (resampling round `round_` >= 1): fresh problems or a seeded draw of the data"
         seed = step_seed(self.cfg.data.seed, step, "extra_prompts", round_)
         if self.examples is None:
             s = synthetic_stream(seed, self.held)
@@ -64,7 +66,8 @@ def make_engine(cfg: Config, model, tok, progress: bool = False):
     if r.engine == "hf": return HFEngine(model, tok, progress=progress)
     if r.engine == "kit": return KitEngine(model, tok, max_slots=r.max_slots, progress=progress)
     import bppo_kit.rollout as ro
-    if not hasattr(ro, "VLLMEngine"): raise ConfigError("rollout.engine: this bppo_kit has no VLLMEngine; use rollout.engine=kit")
+    if not hasattr(ro, "VLLMEngine"):
+        raise ConfigError("rollout.engine: this bppo_kit has no VLLMEngine; use rollout.engine=kit")
     from bppo_kit.policy import resolve_policy_path
     return ro.VLLMEngine(model, tok, resolve_policy_path(cfg.model.name_or_path))
 
@@ -81,7 +84,8 @@ def score_rollout(examples: list[Example], completions: list[Completion], group_
 # %% ../nbs/04c_sampler.ipynb #4ab2d1ff
 def rollout_metrics(r: Rollout) -> dict:
     "Reward, accuracy and length statistics of a scored rollout"
-    live = r.valid.flatten() if r.valid is not None else torch.ones(r.rewards.numel(), dtype=torch.bool)  # not cancelled
+    # not cancelled
+    live = r.valid.flatten() if r.valid is not None else torch.ones(r.rewards.numel(), dtype=torch.bool)
     ok, n, rw = r.correct.flatten()[live], r.lengths.flatten().float()[live], r.rewards.flatten()[live]
     mean = lambda x: x.float().mean().item() if x.numel() else None
     out = dict(reward_mean=mean(rw), reward_std=rw.std(unbiased=False).item() if rw.numel() else None,
@@ -89,13 +93,14 @@ def rollout_metrics(r: Rollout) -> dict:
                response_tokens_correct=mean(n[ok]), response_tokens_incorrect=mean(n[~ok]),
                generated_tokens=sum(c.n_tokens for c in r.completions), cancelled_frac=1 - mean(live))
     if all(e.task == "synthetic" for e in r.examples):  # the synthetic task's two styles, by its own rule
-        v = torch.tensor([style_of(c.text) == "verbose" for c, l in zip(r.completions, live.tolist()) if l], dtype=torch.bool)
+        v = torch.tensor([style_of(c.text) == "verbose" for c, l in zip(r.completions, live.tolist()) if l],
+                         dtype=torch.bool)
         out.update(verbose_frac=mean(v), accuracy_verbose=mean(ok[v]), accuracy_concise=mean(ok[~v]))
     return out
 
 # %% ../nbs/04c_sampler.ipynb #99eaabf6
 def refill_groups(ro: Rollout, extra: Rollout) -> tuple[Rollout, int]:
-    "Replace the zero-signal groups of `ro` (all rewards equal) by `extra`'s groups that carry signal; how many were replaced"
+    "Replace the zero-signal groups of `ro` (all rewards equal) by `extra`'s groups with signal; how many were replaced"
     G = ro.rewards.shape[1]
     dead = [b for b in range(len(ro.examples)) if ro.rewards[b].std(unbiased=False) <= 1e-6]
     live = [j for j in range(len(extra.examples)) if extra.rewards[j].std(unbiased=False) > 1e-6]
