@@ -18,7 +18,8 @@ def terminal_rewards(scores: torch.Tensor, # [B] rule-based score of each respon
                      T: int) -> torch.Tensor: # columns of the result
     "Rewards [B, T]: `scores` on the last real token of finished responses, 0 elsewhere"
     lengths = lengths.long()
-    if (lengths > T).any() or (lengths < 0).any(): raise ValueError(f"lengths must lie in [0, T={T}], got {lengths.tolist()}")
+    if (lengths > T).any() or (lengths < 0).any():
+        raise ValueError(f"lengths must lie in [0, T={T}], got {lengths.tolist()}")
     s = scores.to(torch.promote_types(scores.dtype, torch.get_default_dtype()))
     out = torch.zeros(len(s), T, dtype=s.dtype, device=s.device)
     keep = finished.bool() & (lengths > 0)
@@ -32,7 +33,7 @@ def egae(rewards: torch.Tensor, # [B, T] per-token rewards (0 on masked position
          finished: torch.Tensor, # [B] bool: the response is complete (V after it is 0)
          gamma: float = 1.0, # discount
          lam: float | torch.Tensor = 0.95) -> tuple[torch.Tensor, torch.Tensor]: # GAE λ: float or [B]
-    "Extended GAE: (advantages, returns) [B, T], bootstrapping unfinished rows with `V(s_l) = V(s_{l-1})`; 0 where masked"
+    "Extended GAE: (advantages, returns) [B, T], unfinished rows bootstrapped with `V(s_l) = V(s_{l-1})`; 0 if masked"
     if rewards.dim() != 2 or rewards.shape != values.shape or rewards.shape != mask.shape:
         raise ValueError(f"rewards, values and mask must all be [B, T], got {tuple(rewards.shape)}, "
                          f"{tuple(values.shape)}, {tuple(mask.shape)}")
@@ -95,7 +96,7 @@ def value_loss(values: torch.Tensor, # [B, T] current value predictions (with gr
 def dual_clip_surrogate(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, # [B, T] each (adv broadcastable)
                         eps_low: float = 0.2, eps_high: float = 0.28,
                         c: float = 10.0) -> tuple[torch.Tensor, torch.Tensor]: # the dual-clip cap, > 1
-    "Per-token dual-clip PPO loss [B, T] (capped at -`c`·A where A < 0) and a bool [B, T] of tokens whose gradient clipping removed"
+    "Per-token dual-clip PPO loss [B, T] (capped at -`c`·A where A < 0), bool [B, T] of tokens with clipped gradients"
     if c <= 1: raise ValueError(f"the dual-clip constant c must be > 1, got {c}")
     loss, clipped = clipped_surrogate(logp, old_logp, adv, eps_low, eps_high)
     cap = -c * adv
@@ -106,7 +107,7 @@ def dual_clip_surrogate(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.T
 def tppo_token_mask(mask: torch.Tensor, # [B, T] bool, real tokens, left-aligned
                     finished: torch.Tensor, # [B] bool
                     exclude_last: int = 8) -> torch.Tensor: # tokens dropped at the end of unfinished rows
-    "Bool [B, T]: the tokens that carry policy loss — all real tokens of finished rows, all but the last `exclude_last` of unfinished ones"
+    "Bool [B, T] of tokens with policy loss: all real ones of finished rows, all but the last `exclude_last` of others"
     m = mask.bool()
     keep_to = m.sum(1) - exclude_last  # unfinished rows keep positions < length - exclude_last
     pos = torch.arange(m.shape[1], device=m.device)[None]

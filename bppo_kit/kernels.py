@@ -290,7 +290,8 @@ def triton_forward(h, w, targets, old_logp, adv, ref_logp=None, eps_low=0.2, eps
     vec = lambda x: x.to(torch.float32).contiguous()
     ref = vec(ref_logp) if ref_logp is not None else out["lse"]  # a dummy pointer when there is no reference
     k["token"][(n_m,)](part, split, h, w, targets.contiguous(), vec(old_logp), vec(adv), ref, out["lse"], out["logp"],
-                       out["ratio"], out["loss"], out["dlogp"], clip, M, D, float(eps_low), float(eps_high), float(beta),
+                       out["ratio"], out["loss"], out["dlogp"], clip, M, D,
+                       float(eps_low), float(eps_high), float(beta),
                        HAS_REF=ref_logp is not None and beta != 0, BLOCK_M=bm, BLOCK_S=max(2, _pow2(split)), BLOCK_D=bd)
     return out | {"clipped": clip.bool()}
 
@@ -315,8 +316,10 @@ class TritonPrefixLoss(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h, w, targets, old_logp, adv, ref_logp, eps_low, eps_high, beta, block_n=None, block_v=None):
         if h.shape[0] == 0:
-            out = {n: torch.zeros(0, dtype=torch.float32, device=h.device) for n in ("lse", "logp", "ratio", "loss", "dlogp")}
-            out["clipped"] = torch.zeros(0, dtype=torch.bool, device=h.device)  # distinct tensors: only `loss` has a gradient
+            # distinct tensors: only `loss` has a gradient
+            out = {n: torch.zeros(0, dtype=torch.float32, device=h.device)
+                   for n in ("lse", "logp", "ratio", "loss", "dlogp")}
+            out["clipped"] = torch.zeros(0, dtype=torch.bool, device=h.device)
         else:
             out = triton_forward(h, w, targets, old_logp, adv, ref_logp, eps_low, eps_high, beta, block_n, block_v)
         ctx.save_for_backward(h, w, targets, out["lse"], out["dlogp"])
@@ -340,7 +343,8 @@ def pick_impl(x: torch.Tensor, impl: str = "auto") -> str:
     "The path `prefix_policy_loss` runs for hidden states `x`"
     if impl not in IMPLS: raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
     if impl == "triton" and not triton_available(): raise ImportError("impl='triton' needs triton (pip install triton)")
-    if impl == "triton" and x.dtype not in TRITON_DTYPES: raise ValueError(f"the Triton kernels take {TRITON_DTYPES}, not {x.dtype}")
+    if impl == "triton" and x.dtype not in TRITON_DTYPES:
+        raise ValueError(f"the Triton kernels take {TRITON_DTYPES}, not {x.dtype}")
     if impl != "auto": return impl
     ok = triton_available() and (x.is_cuda or interpreting()) and x.dtype in TRITON_DTYPES
     return "triton" if ok else "chunked"
@@ -404,8 +408,8 @@ def reference_errors(impl: str = "chunked", N: int = 37, H: int = 24, V: int = 1
     want.backward()
     dev = lambda x: x.to(device)
     hx, wx = dev(h).requires_grad_(), dev(w).requires_grad_()
-    got, st = prefix_policy_loss(hx, wx, dev(t), dev(old).float(), dev(adv).float(), dev(mask), ref_logp=dev(ref).float(),
-                                 beta=beta, impl=impl, return_stats=True, **kw)
+    got, st = prefix_policy_loss(hx, wx, dev(t), dev(old).float(), dev(adv).float(), dev(mask),
+                                 ref_logp=dev(ref).float(), beta=beta, impl=impl, return_stats=True, **kw)
     got.backward()
     rel = lambda a, b: ((a.detach().double().cpu() - b).abs().max() / b.abs().max().clamp(min=1e-12)).item()
     return dict(loss=rel(got, want.detach()), hidden=rel(hx.grad, h64.grad), weight=rel(wx.grad, w64.grad),

@@ -38,7 +38,8 @@ def open_run(cfg: Config, resume: bool = False, overwrite: bool = False) -> RunD
     old = run.root / "checkpoint.old"
     if resume and not run.checkpoint.exists() and old.exists(): old.rename(run.checkpoint)  # killed mid-swap
     if not resume and not overwrite and (run.metrics.exists() or run.checkpoint.exists()):
-        raise ConfigError(f"train.out: {run.root} already holds a run; continue it with --resume or replace it with --overwrite")
+        raise ConfigError(f"train.out: {run.root} already holds a run; "
+                          "continue it with --resume or replace it with --overwrite")
     if resume and not run.state.exists(): print(f"no checkpoint in {run.root}: starting from step 0", flush=True)
     if overwrite and not resume:
         for p in (run.metrics, run.evals): p.unlink(missing_ok=True)
@@ -66,7 +67,8 @@ def truncate_metrics(path: Path, keep_below: int):
 def rng_state() -> dict:
     "Python's, NumPy's and torch's RNG states as tensors and plain types"
     st = np.random.get_state()
-    return dict(python=random.getstate(), numpy=[st[0], st[1].tolist(), st[2], st[3], st[4]], torch=torch.get_rng_state())
+    return dict(python=random.getstate(), numpy=[st[0], st[1].tolist(), st[2], st[3], st[4]],
+                torch=torch.get_rng_state())
 
 def set_rng_state(s: dict):
     "Restore what `rng_state` saved"
@@ -103,11 +105,13 @@ def curves_figure(run_dirs) -> Figure: # one run folder or a list of them (overl
         m = [r for r in m if r.get("accuracy") is not None]  # a T-PPO step may finish no response
         st = [r["step"] for r in m]
         l, = ax[0].plot(st, [r["accuracy"] for r in m], alpha=0.35, label=f"{run.name} (batch)")
-        if e: ax[0].plot([r["step"] for r in e], [r["accuracy"] for r in e], "o-", color=l.get_color(), label=f"{run.name} (eval)")
+        if e: ax[0].plot([r["step"] for r in e], [r["accuracy"] for r in e], "o-", color=l.get_color(),
+                         label=f"{run.name} (eval)")
         ax[1].plot(st, [r["response_tokens_mean"] for r in m], color=l.get_color(), label=run.name)
         ax[2].plot(st, [r["wall_s"] for r in m], color=l.get_color(), label=f"{run.name} step")
         ax[2].plot(st, [r["update_s"] for r in m], "--", color=l.get_color(), label=f"{run.name} update")
-    for a, t in zip(ax, ["accuracy", "response tokens", "seconds per step"]): a.set_title(t); a.set_xlabel("step"); a.grid(alpha=.3)
+    for a, t in zip(ax, ["accuracy", "response tokens", "seconds per step"]):
+        a.set_title(t); a.set_xlabel("step"); a.grid(alpha=.3)
     ax[0].legend(fontsize=7); ax[2].legend(fontsize=7)
     fig.tight_layout()
     return fig

@@ -69,8 +69,10 @@ class TPPO(Algorithm):
     @classmethod
     def check(cls, cfg: Config):
         if cfg.rollout.engine != "kit":
-            raise ConfigError(f"rollout.engine: {cfg.algo.name} runs on the kit engine's window mode; use rollout.engine=kit")
-        if cfg.algo.name == "tppo" and cfg.rollout.window < 1: raise ConfigError("rollout.window: T-PPO needs a window >= 1 (tokens per step)")
+            raise ConfigError(f"rollout.engine: {cfg.algo.name} runs on the kit engine's window mode; "
+                              "use rollout.engine=kit")
+        if cfg.algo.name == "tppo" and cfg.rollout.window < 1:
+            raise ConfigError("rollout.window: T-PPO needs a window >= 1 (tokens per step)")
         if cfg.train.loss_kernel != "naive":
             raise ConfigError("train.loss_kernel: T-PPO/PPO train per-token advantages; use train.loss_kernel=naive")
 
@@ -80,7 +82,8 @@ class TPPO(Algorithm):
         self.window = cfg.rollout.window if cfg.algo.name == "tppo" else 0
         self.pool = SamplePool(cfg.rollout.group_size)
         self.value = ValueModel(policy) if policy is not None else None
-        self.vopt = torch.optim.AdamW(self.value.parameters(), lr=cfg.algo.value_lr, betas=(0.9, 0.99), weight_decay=0.0) if self.value else None
+        self.vopt = (torch.optim.AdamW(self.value.parameters(), lr=cfg.algo.value_lr, betas=(0.9, 0.99),
+                                       weight_decay=0.0) if self.value else None)
         self._finished = None  # (entries, rewards, old values) of the responses that finished this step, for the critic
 
     def batch_size(self) -> int: return self.cfg.train.prompts_per_step * self.cfg.rollout.group_size
@@ -90,7 +93,8 @@ class TPPO(Algorithm):
         entries = self._draw(step, sampler)
         starts, cs, utilization = self._generate(entries, step, sampler)
         fin = torch.tensor([c.finish_reason in ("eos", "length") for c in cs])
-        scores = [score(c.text, e.example.answer, e.example.task) if f else None for e, c, f in zip(entries, cs, fin.tolist())]
+        scores = [score(c.text, e.example.answer, e.example.task) if f else None
+                  for e, c, f in zip(entries, cs, fin.tolist())]
         reward = torch.tensor([s.reward if s else 0.0 for s in scores])
         V = self._values(entries, sampler.tok.pad_token_id)  # [N, C] over all tokens so far
         adv, keep = window_advantages(V, starts, [len(e.tokens) for e in entries], reward, fin, self.cfg)
@@ -118,7 +122,8 @@ class TPPO(Algorithm):
         cs = engine.run(reqs, sampler.params(step), window=self.window or None)
         busy, slots = (engine.stats[k] - before[k] for k in ("busy_slot_steps", "slot_steps"))
         starts = [len(e.tokens) for e in entries]
-        for e, c in zip(entries, cs): e.tokens, e.logprobs, e.rounds = list(c.completion_ids), list(c.logprobs), e.rounds + 1
+        for e, c in zip(entries, cs):
+            e.tokens, e.logprobs, e.rounds = list(c.completion_ids), list(c.logprobs), e.rounds + 1
         return starts, cs, busy / slots if slots else None
 
     @torch.no_grad()
@@ -133,7 +138,8 @@ class TPPO(Algorithm):
         return dict(reward_mean=mean(reward[fin]), accuracy=mean(ok), response_tokens_mean=mean(lens),
                     generated_tokens=sum(len(e.tokens) - s for e, s in zip(entries, starts)), finished_frac=mean(fin),
                     finished=len(done), window_rounds_mean=mean(torch.tensor([e.rounds for e in done])),
-                    pool_unfinished=len(self.pool.unfinished), selected_sequences=int((k > 0).sum()), prefix_tokens=int(k.sum()))
+                    pool_unfinished=len(self.pool.unfinished), selected_sequences=int((k > 0).sum()),
+                    prefix_tokens=int(k.sum()))
 
     def surrogate(self, logp, old_logp, adv):
         "Dual-clip PPO (capped at -c·A where A < 0) when `algo.dual_clip` > 0, else the plain clipped surrogate"
@@ -161,7 +167,8 @@ class TPPO(Algorithm):
             v = self.value(b)[:, :T]
             Tm = v.shape[1]
             w = mask[sl, :Tm].sum() / mask.sum()  # micro-batch share of the token mean
-            loss = value_loss(v, v_old[sl, :Tm].to(dev), ret[sl, :Tm].to(dev), mask[sl, :Tm].to(dev), a.value_clip_low, a.value_clip_high) * w
+            loss = value_loss(v, v_old[sl, :Tm].to(dev), ret[sl, :Tm].to(dev), mask[sl, :Tm].to(dev),
+                              a.value_clip_low, a.value_clip_high) * w
             loss.backward(); tot += loss.item()
         torch.nn.utils.clip_grad_norm_(self.value.parameters(), self.cfg.train.grad_clip)
         self.vopt.step(); self.value.eval()

@@ -17,7 +17,7 @@ __all__ = ['forward_logprobs', 'micro_batch_tensors', 'trainable', 'kernel_loss'
 
 # %% ../nbs/10b_update.ipynb #ec15c6ed
 def forward_logprobs(model, batch: dict, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
-    "Log-probs [B, C] of a packed batch's completion tokens at the sampling `temperature`, and their entropies (detached)"
+    "Log-probs [B, C] of a packed batch's completion tokens at sampling `temperature`, and their entropies (detached)"
     P = batch["prompt_len"]
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                    position_ids=batch["position_ids"], use_cache=False).logits[:, P - 1:-1] / temperature
@@ -39,7 +39,8 @@ def micro_batch_tensors(items: list[TrainItem], pad_id: int, device=None) -> tup
 
 def trainable(items: list[TrainItem], with_kl: bool = False) -> list[TrainItem]:
     "The items that can carry a gradient: some tokens to train, and a non-zero advantage (or a KL term)"
-    return [it for it in items if it.n_train > it.start and (it.advantage != 0.0 or it.token_adv is not None or with_kl)]
+    return [it for it in items
+            if it.n_train > it.start and (it.advantage != 0.0 or it.token_adv is not None or with_kl)]
 
 # %% ../nbs/10b_update.ipynb #35381cbc
 def kernel_loss(model, batch: dict, mask: torch.Tensor, adv: torch.Tensor, weights: torch.Tensor,
@@ -55,9 +56,12 @@ def kernel_loss(model, batch: dict, mask: torch.Tensor, adv: torch.Tensor, weigh
     kw = dict(impl=cfg.train.loss_kernel, return_stats=True)
     if old_logp is None:
         zeros = torch.zeros_like(m, dtype=torch.float32)
-        with torch.no_grad(): old_logp = prefix_policy_loss(h.detach(), W.detach(), targets, zeros, zeros, m, **kw)[1]["logp"].view_as(mask)
+        with torch.no_grad():
+            old_logp = prefix_policy_loss(h.detach(), W.detach(), targets, zeros, zeros, m,
+                                          **kw)[1]["logp"].view_as(mask)
     folded = (adv * weights * mask.sum()).reshape(-1)  # the reduction's weights, folded into the (per-token) advantages
-    loss, stats = prefix_policy_loss(h, W, targets, old_logp.reshape(-1).float(), folded, m, cfg.algo.eps_low, cfg.algo.eps_high, **kw)
+    loss, stats = prefix_policy_loss(h, W, targets, old_logp.reshape(-1).float(), folded, m,
+                                     cfg.algo.eps_low, cfg.algo.eps_high, **kw)
     return loss, stats["clipped"].view_as(mask)
 
 # %% ../nbs/10b_update.ipynb #9d7d0838
@@ -90,7 +94,8 @@ def update(model, opt, items: list[TrainItem], cfg: Config, pad_id: int, ref_mod
     mets = dict(trained_tokens=0, clip_frac=0.0, kl=0.0, entropy=0.0, grad_norm=0.0, skipped=0, loss=0.0)
     if not live: return mets
     dev = next(model.parameters()).device
-    batches = [micro_batch_tensors(live[i:i + tc.micro_batch], pad_id, dev) for i in range(0, len(live), tc.micro_batch)]
+    batches = [micro_batch_tensors(live[i:i + tc.micro_batch], pad_id, dev)
+               for i in range(0, len(live), tc.micro_batch)]
     old = frozen_logprobs(model, batches, cfg.rollout.temperature) if tc.mu > 1 else [None] * len(batches)
     ref = frozen_logprobs(ref_model, batches, cfg.rollout.temperature) if with_kl else [None] * len(batches)
     model.train()
