@@ -25,7 +25,8 @@ class Entry:
 class SamplePool:
     "T-PPO's continuous batching pool: G entries per admitted prompt; unfinished entries go ahead of fresh ones"
     def __init__(self, group_size: int):
-        self.group_size, self.fresh, self.unfinished, self.next_uid, self.next_group = group_size, deque(), deque(), 0, 0
+        self.group_size, self.fresh, self.unfinished = group_size, deque(), deque()
+        self.next_uid, self.next_group = 0, 0
 
     def admit(self, examples: list[Example], prompt_ids: list[list[int]]):
         "Queue `group_size` fresh entries for each example"

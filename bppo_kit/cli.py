@@ -58,14 +58,16 @@ def cmd_train(args, cfg: Config) -> int:
     try: s = train(cfg, resume=args.resume, progress=not args.quiet, overwrite=args.overwrite)
     except KeyboardInterrupt:
         st = Path(cfg.train.out) / "checkpoint" / "trainer_state.pt"
-        saved = f"the checkpoint in {st.parent} holds step {torch.load(st, weights_only=True)['step']}" if st.exists() else "no checkpoint was saved"
+        saved = (f"the checkpoint in {st.parent} holds step {torch.load(st, weights_only=True)['step']}"
+                 if st.exists() else "no checkpoint was saved")
         print(f"bppo: interrupted; {saved} (continue with --resume)", file=sys.stderr)
         return 130
     png = plot_run(cfg.train.out)
     a, b = s["first_eval"], s["last_eval"]
     if a and b:
         print(f"accuracy {a['accuracy']:.3f} -> {b['accuracy']:.3f}   greedy {a['greedy_accuracy']:.3f} -> "
-              f"{b['greedy_accuracy']:.3f}   response tokens {a['mean_response_tokens']:.1f} -> {b['mean_response_tokens']:.1f}"
+              f"{b['greedy_accuracy']:.3f}   response tokens {a['mean_response_tokens']:.1f} -> "
+              f"{b['mean_response_tokens']:.1f}"
               f"   {s['seconds']:.0f} s")
     print(f"run folder {s['run_dir']}  (metrics.jsonl, eval.jsonl, checkpoint/, {png.name})")
     return 0
@@ -127,7 +129,8 @@ def load_plugin(spec: str):
     except ModuleNotFoundError as e: raise DataError(f"--plugin: cannot import {spec}: {e}") from None
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="bppo", description="GRPO, BPPO and T-PPO for reasoning LMs: a notebook-first kit")
+    ap = argparse.ArgumentParser(prog="bppo",
+                                 description="GRPO, BPPO and T-PPO for reasoning LMs: a notebook-first kit")
     sub = ap.add_subparsers(dest="cmd", required=True)
     e = sub.add_parser("eval", help="sample the eval set and report accuracy and lengths")
     _common(e)
@@ -147,10 +150,12 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--save-every", type=int, help="train.save_every")
     t.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint")
     t.add_argument("--overwrite", action="store_true", help="replace a run already in OUT")
-    cp = sub.add_parser("compare", help="several algorithms, same seeds and budget: report.md, report.json, compare.png")
+    cp = sub.add_parser("compare",
+                        help="several algorithms, same seeds and budget: report.md, report.json, compare.png")
     _common(cp)
     _plugins(cp)
-    cp.add_argument("--algos", default="grpo_seq,grpo,bppo", help="comma-separated variants (see bppo_kit.compare.VARIANTS)")
+    cp.add_argument("--algos", default="grpo_seq,grpo,bppo",
+                    help="comma-separated variants (see bppo_kit.compare.VARIANTS)")
     cp.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 for every variant")
     cp.add_argument("--steps", type=int, help="train.steps")
     cp.add_argument("--out", default="runs/compare", help="the comparison folder")
@@ -171,7 +176,8 @@ def shorthand_overrides(args) -> list[str]:
              ("train.out", "out"), ("train.save_every", "save_every")]
     return [f"{k}={getattr(args, a)}" for k, a in pairs if getattr(args, a, None) is not None]
 
-COMMANDS = {"eval": cmd_eval, "sft": cmd_sft, "train": cmd_train, "compare": cmd_compare, "probe": cmd_probe, "plot": cmd_plot}
+COMMANDS = {"eval": cmd_eval, "sft": cmd_sft, "train": cmd_train, "compare": cmd_compare, "probe": cmd_probe,
+            "plot": cmd_plot}
 
 def main(argv: list[str] | None = None) -> int:
     "Entry point of the `bppo` command; returns the exit code"
@@ -191,4 +197,5 @@ def main(argv: list[str] | None = None) -> int:
         print("bppo: interrupted", file=sys.stderr)
         return 130
 
-if __name__ == "__main__" and "__file__" in globals(): sys.exit(main())  # `python -m bppo_kit.cli` (a notebook has no __file__)
+# `python -m bppo_kit.cli` (a notebook has no __file__)
+if __name__ == "__main__" and "__file__" in globals(): sys.exit(main())

@@ -32,7 +32,8 @@ def variant_config(base: Config, name: str, seed: int, out: Path) -> Config:
     "The config of one run: `base` with the variant's overrides, the seed and its own run folder"
     if name not in VARIANTS: raise ConfigError(f"unknown variant {name!r}; choose from {', '.join(VARIANTS)}")
     c = from_dict(to_dict(base))  # a copy: the base stays as it was
-    return apply_overrides(c, VARIANTS[name] + [f"train.seed={seed}", f"data.seed={seed}", f"train.out={out / f'{name}-s{seed}'}"])
+    return apply_overrides(c, VARIANTS[name] + [f"train.seed={seed}", f"data.seed={seed}",
+                                                f"train.out={out / f'{name}-s{seed}'}"])
 
 # %% ../nbs/11b_compare.ipynb #fa4979fd
 def _med(xs): return statistics.median(xs) if xs else None
@@ -74,12 +75,14 @@ def compare_figure(runs: dict[str, list[Path]]) -> Figure:
             wall = [0.0]
             for r in m: wall.append(wall[-1] + r["wall_s"])
             lab = name if j == 0 else None
-            if e: ax[0].plot([wall[r["step"]] for r in e], [r["accuracy"] for r in e], "o-", color=col, label=lab, alpha=.8)
+            if e: ax[0].plot([wall[r["step"]] for r in e], [r["accuracy"] for r in e], "o-", color=col, label=lab,
+                             alpha=.8)
             mm = [r for r in m if r.get("response_tokens_mean") is not None]
             ax[1].plot([r["step"] for r in mm], [r["response_tokens_mean"] for r in mm], color=col, label=lab, alpha=.6)
             ax[2].plot([r["step"] for r in m], [r["update_s"] for r in m], color=col, label=lab, alpha=.6)
             ax[3].plot([r["step"] for r in m], [r["trained_tokens"] for r in m], color=col, label=lab, alpha=.6)
-    titles = ["eval accuracy vs training wall time (s)", "response tokens vs step", "update seconds vs step", "trained tokens vs step"]
+    titles = ["eval accuracy vs training wall time (s)", "response tokens vs step", "update seconds vs step",
+              "trained tokens vs step"]
     for a, t in zip(ax, titles): a.set_title(t, fontsize=9); a.grid(alpha=.3)
     ax[0].legend(fontsize=7)
     fig.tight_layout()
@@ -99,17 +102,20 @@ def write_report(out: Path, runs: dict[str, list[Path]], target: float | None = 
     per = {n: [run_summary(p, target) for p in ps] for n, ps in runs.items()}
     agg = {n: aggregate(rs) for n, rs in per.items()}
     base = next(iter(agg))
-    rep = dict(target_accuracy=target, baseline=base, variants=agg, runs={n: [str(p) for p in ps] for n, ps in runs.items()},
-               per_run=per)
+    rep = dict(target_accuracy=target, baseline=base, variants=agg,
+               runs={n: [str(p) for p in ps] for n, ps in runs.items()}, per_run=per)
     (out / "report.json").write_text(json.dumps(rep, indent=1))
     lines = [f"# Comparison ({len(next(iter(runs.values())))} seed(s); mean ± std over seeds)", "",
              f"Target accuracy for time-to-target: {target:.3f}" if target is not None else "", "",
-             "| variant | final acc % | final greedy % | final tokens | step s | update s | trained tokens/step | time to target s | slot use | step speed-up vs " + base + " | update speed-up |",
+             "| variant | final acc % | final greedy % | final tokens | step s | update s | trained tokens/step "
+             "| time to target s | slot use | step speed-up vs " + base + " | update speed-up |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for n, a in agg.items():
-        sp = agg[base]["step_s"]["mean"] / a["step_s"]["mean"]; up = agg[base]["update_s"]["mean"] / a["update_s"]["mean"]
+        sp = agg[base]["step_s"]["mean"] / a["step_s"]["mean"]
+        up = agg[base]["update_s"]["mean"] / a["update_s"]["mean"]
         lines.append(f"| {n} | {_fmt(a, 'final_accuracy', True)} | {_fmt(a, 'final_greedy_accuracy', True)} | "
-                     f"{_fmt(a, 'final_tokens')} | {_fmt(a, 'step_s')} | {_fmt(a, 'update_s')} | {_fmt(a, 'trained_tokens')} | "
+                     f"{_fmt(a, 'final_tokens')} | {_fmt(a, 'step_s')} | {_fmt(a, 'update_s')} | "
+                     f"{_fmt(a, 'trained_tokens')} | "
                      f"{_fmt(a, 'time_to_target_s')} | {_fmt(a, 'slot_utilization')} | {sp:.2f}x | {up:.2f}x |")
     lines += ["", "![comparison](compare.png)", ""]
     (out / "report.md").write_text("\n".join(lines))
@@ -125,7 +131,8 @@ def compare(base: Config, # the shared config (steps, eval size, …)
     cfgs = {(v, s): variant_config(base, v, s, out) for v in variants for s in seeds}  # all configs checked up front
     for (v, s), c in cfgs.items():
         run = Path(c.train.out)
-        if any(e["step"] == c.train.steps for e in read_jsonl_rows(run / "eval.jsonl")): continue  # finished, final eval included
+        # finished, final eval included
+        if any(e["step"] == c.train.steps for e in read_jsonl_rows(run / "eval.jsonl")): continue
         resume = (run / "checkpoint" / "trainer_state.pt").exists()
         if progress: print(f"== {v} seed {s} -> {run}", flush=True)
         train(c, resume=resume, overwrite=not resume, progress=progress)

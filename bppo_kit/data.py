@@ -107,7 +107,7 @@ def make_synthetic_eval(n: int = SYNTHETIC_EVAL_SIZE, seed: int = SYNTHETIC_EVAL
     return out
 
 def synthetic_stream(seed: int = 0, # seeds the stream
-                     exclude: set[str] | None = None) -> Iterator[Problem]: # expressions never to yield (the eval set's)
+                     exclude: set[str] | None = None) -> Iterator[Problem]: # expressions never to yield (eval set's)
     "An endless stream of fresh synthetic problems, skipping `exclude`"
     rng = random.Random(seed)
     exclude = exclude if exclude is not None else {e.meta["expr"] for e in load_synthetic_eval()}
@@ -129,7 +129,8 @@ def read_jsonl(path) -> list[dict]:
             if not line.strip(): continue
             try: row = json.loads(line)
             except json.JSONDecodeError as e: raise DataError(f"{path}:{i}: not valid JSON ({e.msg})") from None
-            if not isinstance(row, dict): raise DataError(f"{path}:{i}: expected a JSON object, got {type(row).__name__}")
+            if not isinstance(row, dict):
+                raise DataError(f"{path}:{i}: expected a JSON object, got {type(row).__name__}")
             rows.append(row)
     return rows
 
@@ -150,11 +151,13 @@ MATH_TEMPLATE = "{question}\nPlease reason step by step, and put your final answ
 GSM8K_TEMPLATE = "{question}\nPlease reason step by step, and give the final answer after '####'."
 
 TASKS = {  # task -> ({split: local file under shared data}, hub dataset, question field, answer field, template)
-    "gsm8k": ({"train": "gsm8k/train.jsonl", "test": "gsm8k/test.jsonl"}, ("openai/gsm8k", "main"), "question", "answer", GSM8K_TEMPLATE),
-    "math": ({"train": "math/math_train_7500.jsonl", "test": "math/math500_test.jsonl"},  # evaluated on MATH500, as is usual
+    "gsm8k": ({"train": "gsm8k/train.jsonl", "test": "gsm8k/test.jsonl"}, ("openai/gsm8k", "main"),
+              "question", "answer", GSM8K_TEMPLATE),
+    "math": ({"train": "math/math_train_7500.jsonl", "test": "math/math500_test.jsonl"},  # tested on MATH500, as usual
              ("hendrycks/competition_math",), "problem", "answer", MATH_TEMPLATE),
     "math500": ({"test": "math/math500_test.jsonl"}, ("HuggingFaceH4/MATH-500",), "problem", "answer", MATH_TEMPLATE),
-    "aime24": ({"test": "competition/aime24_qwen25math.jsonl"}, ("HuggingFaceH4/aime_2024",), "problem", "answer", MATH_TEMPLATE),
+    "aime24": ({"test": "competition/aime24_qwen25math.jsonl"}, ("HuggingFaceH4/aime_2024",),
+               "problem", "answer", MATH_TEMPLATE),
     "amc23": ({"test": "competition/amc23_qwen25math.jsonl"}, ("math-ai/amc23",), "question", "answer", MATH_TEMPLATE),
     "geo3k": ({s: f"geometry3k/geo3k_{s}_text.jsonl" for s in ("train", "val", "test")}, ("hiyouga/geometry3k",),
               "problem", "answer", MATH_TEMPLATE),
@@ -164,7 +167,8 @@ def row_to_example(row: dict, task: str) -> Example:
     "One data-set row as an `Example` (the gold answer bare: GSM8K's text after `####`, AIME's '025' as '25')"
     _, _, q, a, tmpl = TASKS[task]
     question = row.get(q) or row.get("question") or row.get("problem")
-    if question is None or row.get(a) is None: raise DataError(f"{task} row has no {q!r}/{a!r} field: keys {sorted(row)}")
+    if question is None or row.get(a) is None:
+        raise DataError(f"{task} row has no {q!r}/{a!r} field: keys {sorted(row)}")
     ans = str(row[a])
     if task == "gsm8k": ans = ans.split("####")[-1].strip().replace(",", "")
     if task == "aime24" and ans.isdigit(): ans = str(int(ans))
@@ -189,7 +193,8 @@ def load_task(task: str, # a key of `TASKS`, or "synthetic"
     else: rows = _load_hub(str(path), split, hub)
     ex = [row_to_example(r, task) for r in rows]
     kept = [e for e in ex if e.answer.strip()]  # a row without a gold answer cannot be graded (MATH train has two)
-    if len(kept) < len(ex): warnings.warn(f"{task}: dropped {len(ex) - len(kept)} rows with an empty answer")
+    if len(kept) < len(ex):
+        warnings.warn(f"{task}: dropped {len(ex) - len(kept)} rows with an empty answer", stacklevel=2)
     return kept[:limit] if limit else kept
 
 def _load_hub(name: str, split: str, hub: tuple):

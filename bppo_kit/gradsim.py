@@ -34,7 +34,8 @@ def per_completion_grads(model, completions: list, # `Completion`s of one or mor
                          pad_id: int, temperature: float = 1.0,
                          params: list[str] | None = None) -> torch.Tensor: # name prefixes; None = all parameters
     "Flattened gradients [n, P] of `A_i · mean_t log π(y_t)` for each completion"
-    ps = [p for n, p in model.named_parameters() if p.requires_grad and (params is None or any(n.startswith(q) for q in params))]
+    ps = [p for n, p in model.named_parameters()
+          if p.requires_grad and (params is None or any(n.startswith(q) for q in params))]
     if not ps: raise ValueError(f"no parameters match {params}")
     out = []
     for c, a in zip(completions, advantages.tolist()):
@@ -42,7 +43,8 @@ def per_completion_grads(model, completions: list, # `Completion`s of one or mor
         b = pack([c.prompt_ids], [c.completion_ids], pad_id)
         lp = completion_logprobs(model, b, temperature)
         (a * lp.sum() / max(c.n_tokens, 1)).backward()
-        out.append(torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten() for p in ps]).detach().clone())
+        out.append(torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten() for p in ps])
+                   .detach().clone())
     model.zero_grad(set_to_none=True)
     return torch.stack(out)
 
@@ -58,16 +60,19 @@ def probe(model, tok, examples: list, engine, group_size: int = 8, sampling=None
     for b in range(len(examples)):
         if not (0 < ro.correct[b].sum() < group_size): continue
         sl = slice(b * group_size, (b + 1) * group_size)
-        g = per_completion_grads(model, cs[sl], adv[b], tok.pad_token_id, getattr(sampling, "temperature", 1.0) or 1.0, params)
+        g = per_completion_grads(model, cs[sl], adv[b], tok.pad_token_id,
+                                 getattr(sampling, "temperature", 1.0) or 1.0, params)
         cos = cosine_matrix(g)
         c = ro.correct[b]
         off = ~torch.eye(group_size, dtype=torch.bool)
-        for k, mask in (("cc", c[:, None] & c[None, :]), ("ii", ~c[:, None] & ~c[None, :]), ("ci", c[:, None] & ~c[None, :])):
+        for k, mask in (("cc", c[:, None] & c[None, :]), ("ii", ~c[:, None] & ~c[None, :]),
+                        ("ci", c[:, None] & ~c[None, :])):
             pairs[k] += cos[mask & off].tolist()
         groups.append(dict(index=b, correct=c.tolist(), lengths=ro.lengths[b].tolist(), cos=cos.tolist()))
     mean = lambda xs: sum(xs) / len(xs) if xs else None
-    return dict(same_label_cos=mean(pairs["cc"] + pairs["ii"]), cross_label_cos=mean(pairs["ci"]), cc_cos=mean(pairs["cc"]),
-                ii_cos=mean(pairs["ii"]), ci_cos=mean(pairs["ci"]), n_groups=len(groups), n_prompts=len(examples),
+    return dict(same_label_cos=mean(pairs["cc"] + pairs["ii"]), cross_label_cos=mean(pairs["ci"]),
+                cc_cos=mean(pairs["cc"]), ii_cos=mean(pairs["ii"]), ci_cos=mean(pairs["ci"]),
+                n_groups=len(groups), n_prompts=len(examples),
                 group_size=group_size, pairs=pairs, groups=groups)
 
 def plot_probe(res: dict, # a `probe` result

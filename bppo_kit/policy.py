@@ -34,8 +34,9 @@ def tiny_config(tok, hidden_size: int = 192, num_layers: int = 4, num_heads: int
                 max_positions: int = 512) -> Qwen2Config:
     "The `Qwen2Config` of the kit's tiny policy for tokenizer `tok`"
     return Qwen2Config(vocab_size=len(tok), hidden_size=hidden_size, num_hidden_layers=num_layers,
-                       num_attention_heads=num_heads, num_key_value_heads=num_heads, intermediate_size=intermediate_size,
-                       max_position_embeddings=max_positions, tie_word_embeddings=True, pad_token_id=tok.pad_token_id,
+                       num_attention_heads=num_heads, num_key_value_heads=num_heads,
+                       intermediate_size=intermediate_size, max_position_embeddings=max_positions,
+                       tie_word_embeddings=True, pad_token_id=tok.pad_token_id,
                        eos_token_id=tok.eos_token_id, bos_token_id=None)
 
 # %% ../nbs/03_policy.ipynb #74ff22b1
@@ -44,7 +45,8 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 def load_tokenizer(path: str):
     "A tokenizer with left padding and a pad token; tokenizers saved as plain `tokenizer.json` stay exactly that"
     cfg = Path(path) / "tokenizer_config.json"
-    plain = cfg.is_file() and json.loads(cfg.read_text()).get("tokenizer_class") in ("TokenizersBackend", "PreTrainedTokenizerFast")
+    plain = (cfg.is_file() and
+             json.loads(cfg.read_text()).get("tokenizer_class") in ("TokenizersBackend", "PreTrainedTokenizerFast"))
     # AutoTokenizer would pick Qwen2Tokenizer from the model's config.json and re-split our characters byte-level style
     tok = (PreTrainedTokenizerFast if plain else AutoTokenizer).from_pretrained(path, padding_side="left")
     if tok.pad_token is None: tok.pad_token = tok.eos_token
@@ -60,7 +62,8 @@ def load_policy(name_or_path: str = "tiny", # "tiny", a hub id, or a local check
     "`(model, tokenizer)` ready for generation: eval mode, left padding, a pad token"
     path = resolve_policy_path(name_or_path)
     local = Path(path)
-    if (name_or_path == "tiny" or local.is_absolute() or path.startswith(".")) and not (local / "config.json").is_file():
+    named_local = name_or_path == "tiny" or local.is_absolute() or path.startswith(".")
+    if named_local and not (local / "config.json").is_file():
         hint = " (make it with `bppo sft --preset tiny`)" if name_or_path == "tiny" else ""
         raise DataError(f"no model checkpoint at {local}{hint}")
     tok = load_tokenizer(path)
@@ -71,7 +74,7 @@ def load_policy(name_or_path: str = "tiny", # "tiny", a hub id, or a local check
 def pack(prompts: list[list[int]], # prompt token ids, one list per sequence
          completions: list[list[int]], # completion token ids (may be empty)
          pad_id: int, device=None) -> dict:
-    "Batch tensors for prompt+completion sequences: input_ids, attention_mask, position_ids, completion_mask [B, P+C]; P"
+    "Batch tensors [B, P+C] of prompt+completion sequences: input_ids, attention_mask, position_ids, completion_mask; P"
     if len(prompts) != len(completions): raise ValueError(f"{len(prompts)} prompts but {len(completions)} completions")
     if not prompts: raise ValueError("empty batch")
     P, C = max(map(len, prompts)), max(1, max(map(len, completions)))

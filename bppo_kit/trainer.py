@@ -13,8 +13,8 @@ from .config import Config, ConfigError
 from .core import Algorithm, SamplingParams, algorithm_class, make_algorithm
 from .evaluate import eval_examples, evaluate
 from .policy import load_policy
-from .runs import (RunDir, append_jsonl, load_trainer_state, open_run, read_jsonl_rows, save_checkpoint, set_rng_state,
-                           truncate_metrics)
+from .runs import (RunDir, append_jsonl, load_trainer_state, open_run, read_jsonl_rows, save_checkpoint,
+                           set_rng_state, truncate_metrics)
 from .sampler import Sampler, make_engine, step_seed
 from .update import update
 import bppo_kit.bppo, bppo_kit.grpo, bppo_kit.tppo  # noqa: F401 -- the built-in algorithms register themselves
@@ -35,7 +35,8 @@ def device_of(cfg: Config) -> str:
 @dataclass
 class Session:
     "What a run holds while it trains"
-    model: object; tok: object; opt: torch.optim.Optimizer; ref: object; algo: Algorithm; engine: object; sampler: Sampler
+    model: object; tok: object; opt: torch.optim.Optimizer; ref: object
+    algo: Algorithm; engine: object; sampler: Sampler
     start: int = 0  # the first step this call trains (the checkpoint's step when resuming)
 
     def save(self, run: RunDir, step: int):
@@ -50,7 +51,8 @@ def setup(cfg: Config, run: RunDir, resume: bool = False) -> Session:
     model, tok = load_policy(str(run.checkpoint) if state else cfg.model.name_or_path, cfg.model.dtype, dev)
     ctx = getattr(model.config, "max_position_embeddings", None)
     if ctx and cfg.rollout.max_new_tokens >= ctx:
-        raise ConfigError(f"rollout.max_new_tokens: {cfg.rollout.max_new_tokens} does not fit the model's context of {ctx}")
+        raise ConfigError(f"rollout.max_new_tokens: {cfg.rollout.max_new_tokens} "
+                          f"does not fit the model's context of {ctx}")
     if cfg.model.gradient_checkpointing: model.gradient_checkpointing_enable()
     opt = torch.optim.AdamW(model.parameters(), lr=t.lr, betas=(0.9, 0.99), weight_decay=0.0)
     if state is not None: opt.load_state_dict(state["optimizer"]); set_rng_state(state["rng"])
@@ -65,7 +67,7 @@ def train_step(cfg: Config, s: Session, step: int) -> dict:
     "One step of training: collect → update → after the update; the step's metrics row"
     t0 = time.time()
     for g in s.opt.param_groups: g["lr"] = lr_at(step, cfg.train.lr, cfg.train.warmup_steps)
-    # rollout → reward → advantages: the algorithm's train items for this step (GRPO/BPPO: graded groups; T-PPO: a window)
+    # rollout → reward → advantages: the algorithm's train items (GRPO/BPPO: graded groups; T-PPO: a window)
     items, collected = s.algo.collect(step, s.sampler)
     t1, reward_s = time.time(), s.sampler.take_reward_seconds()
     # update: the policy's PPO epochs with the algorithm's surrogate, then the algorithm's own work (T-PPO's critic)
@@ -73,16 +75,18 @@ def train_step(cfg: Config, s: Session, step: int) -> dict:
     um.update(s.algo.after_update(s.tok.pad_token_id))
     if hasattr(s.engine, "sync_weights"): s.engine.sync_weights(s.model)  # vLLM holds its own copy of the weights
     t2 = time.time()
-    return dict(step=step, wall_s=round(t2 - t0, 4), rollout_s=round(t1 - t0 - reward_s, 4), reward_s=round(reward_s, 4),
-                update_s=round(t2 - t1, 4), lr=s.opt.param_groups[0]["lr"], **collected, **um)
+    return dict(step=step, wall_s=round(t2 - t0, 4), rollout_s=round(t1 - t0 - reward_s, 4),
+                reward_s=round(reward_s, 4), update_s=round(t2 - t1, 4), lr=s.opt.param_groups[0]["lr"],
+                **collected, **um)
 
 # %% ../nbs/11_trainer.ipynb #15ac4417
 def evaluate_step(cfg: Config, s: Session, examples: list, step: int, progress: bool = False) -> dict:
     "The policy's evaluation on `examples` after `step` steps (the run's fixed eval seed), as an `eval.jsonl` row"
     r = cfg.rollout
-    sp = SamplingParams(r.temperature, r.top_p, r.top_k, r.max_new_tokens, seed=step_seed(cfg.train.seed, stream="eval"),
-                        logprobs=False)
-    return dict(step=step, **evaluate(s.model, s.tok, examples, samples=r.group_size, progress=progress, engine=s.engine, sampling=sp))
+    sp = SamplingParams(r.temperature, r.top_p, r.top_k, r.max_new_tokens,
+                        seed=step_seed(cfg.train.seed, stream="eval"), logprobs=False)
+    return dict(step=step, **evaluate(s.model, s.tok, examples, samples=r.group_size, progress=progress,
+                                      engine=s.engine, sampling=sp))
 
 def _stop_on_signals():
     "Ask the loop to stop at the next step boundary on SIGINT/SIGTERM; returns (flag, restore)"
@@ -102,13 +106,14 @@ def train(cfg: Config, # the validated config
           stop_after: int | None = None, # stop (with a checkpoint) after this many steps of this call
           overwrite: bool = False, # start afresh in a run folder that already holds a run
           on_log=None, # called as `on_log(kind, row)` with kind "step" or "eval" after each row is written (live plots)
-          stop_event: threading.Event | None = None) -> dict: # set it (e.g. from a widget's Stop button) to stop after this step
+          stop_event: threading.Event | None = None) -> dict: # set it (e.g. by a Stop button) to stop after this step
     "Run RL training; returns a summary with the first and last evaluation"
     t = cfg.train
-    algorithm_class(cfg.algo.name).check(cfg)  # an unknown algorithm, or a config it cannot run, fails before anything loads
+    algorithm_class(cfg.algo.name).check(cfg)  # an unknown algorithm, or a config it cannot run, fails before any load
     run = open_run(cfg, resume, overwrite)
     s = setup(cfg, run, resume)
-    truncate_metrics(run.metrics, s.start); truncate_metrics(run.evals, s.start + 1 if s.start else 0)  # rows after the checkpoint
+    # rows after the checkpoint
+    truncate_metrics(run.metrics, s.start); truncate_metrics(run.evals, s.start + 1 if s.start else 0)
     eval_set, evals = eval_examples(cfg), read_jsonl_rows(run.evals)
     def log(path, kind, row):
         append_jsonl(path, row)
@@ -125,7 +130,8 @@ def train(cfg: Config, # the validated config
             row = train_step(cfg, s, step)
             # log
             log(run.metrics, "step", row); done = step + 1
-            if row.get("accuracy") is not None: bar.set_postfix(acc=f"{row['accuracy']:.2f}", len=f"{row['response_tokens_mean']:.0f}")
+            if row.get("accuracy") is not None:
+                bar.set_postfix(acc=f"{row['accuracy']:.2f}", len=f"{row['response_tokens_mean']:.0f}")
             # evaluate and checkpoint
             if evaluate_every and t.eval_every and done % t.eval_every == 0 and done < t.steps: log_eval(done)
             if (t.save_every and done % t.save_every == 0) or flag["stop"]: s.save(run, done)
@@ -133,6 +139,7 @@ def train(cfg: Config, # the validated config
             if stop_event is not None and stop_event.is_set(): break  # checkpointed below, like a finished run
     finally: restore()  # a second Ctrl-C leaves mid-step without saving: the weights may hold part of a step
     if done > s.start or not run.checkpoint.exists(): s.save(run, done)
-    if evaluate_every and done == t.steps and not any(e["step"] == done for e in evals): log_eval(done)  # also after a crash in it
+    # also after a crash in it
+    if evaluate_every and done == t.steps and not any(e["step"] == done for e in evals): log_eval(done)
     return dict(run_dir=str(run.root), steps=done, seconds=round(time.time() - t_run, 1),
                 first_eval=evals[0] if evals else None, last_eval=evals[-1] if evals else None)

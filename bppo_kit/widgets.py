@@ -32,10 +32,12 @@ SHOWN = ["algo.name", "rollout.group_size", "train.prompts_per_step", "train.ste
          "train.seed", "data.eval_size", "train.eval_every"]
 SHOWN_PATTERNS = ("window",)  # e.g. a T-PPO window length joins the curated list as soon as the config has it
 HIDDEN = {"train.out"}  # set by the panel: one run folder per run
-LABELS = {"algo.name": "algorithm", "train.prompts_per_step": "prompts per step", "rollout.max_new_tokens": "max new tokens"}
+LABELS = {"algo.name": "algorithm", "train.prompts_per_step": "prompts per step",
+          "rollout.max_new_tokens": "max new tokens"}
 UI_RANGES = {  # key -> (low, high, step, log scale); clipped to the field's own range
-    "rollout.group_size": (2, 32, 1, False), "train.prompts_per_step": (1, 64, 1, False), "train.steps": (1, 200, 1, False),
-    "train.lr": (1e-6, 1e-2, 0.1, True), "algo.eps_low": (0.01, 0.5, 0.01, False), "algo.eps_high": (0.01, 0.5, 0.01, False),
+    "rollout.group_size": (2, 32, 1, False), "train.prompts_per_step": (1, 64, 1, False),
+    "train.steps": (1, 200, 1, False), "train.lr": (1e-6, 1e-2, 0.1, True),
+    "algo.eps_low": (0.01, 0.5, 0.01, False), "algo.eps_high": (0.01, 0.5, 0.01, False),
     "algo.prefix_ratio": (0.05, 1.0, 0.05, False), "algo.prefix_ratio_end": (0.05, 1.0, 0.05, False),
     "rollout.temperature": (0.1, 2.0, 0.05, False), "rollout.max_new_tokens": (16, 512, 8, False),
     "train.seed": (0, 99, 1, False), "data.eval_size": (0, 200, 1, False), "train.eval_every": (0, 50, 1, False),
@@ -46,7 +48,8 @@ UI_RANGES = {  # key -> (low, high, step, log scale); clipped to the field's own
 def panel_fields(cfg: Config) -> tuple[list[str], list[str]]:
     "Dotted keys of the fields the panel offers: (shown up front, under 'more settings')"
     keys = [f"{s}.{f.name}" for s in SECTIONS for f in fields(getattr(cfg, s)) if f"{s}.{f.name}" not in HIDDEN]
-    shown = [k for k in SHOWN if k in keys] + [k for k in keys if k not in SHOWN and any(p in k for p in SHOWN_PATTERNS)]
+    shown = ([k for k in SHOWN if k in keys]
+             + [k for k in keys if k not in SHOWN and any(p in k for p in SHOWN_PATTERNS)])
     return shown, [k for k in keys if k not in shown]
 
 # %% ../nbs/13_widgets.ipynb #85c58709
@@ -55,7 +58,7 @@ def _field(cfg: Config, key: str):
     return next(f for f in fields(getattr(cfg, s)) if f.name == n)
 
 def widget_spec(cfg: Config, key: str) -> dict:
-    "The control for config field `key`: kind (dropdown, checkbox, text, int/float/log slider, int/float box) and its range"
+    "The control for config field `key`: kind (dropdown, checkbox, text, int/float/log slider, int/float box), range"
     f = _field(cfg, key); m = f.metadata
     if key == "algo.name": return dict(kind="dropdown", options=list(ALGORITHMS))  # every registered algorithm
     if m.get("choices"): return dict(kind="dropdown", options=list(m["choices"]))
@@ -172,14 +175,16 @@ class Panel:
         self.runs.clear(); self.message = ""; self._refresh(force=True)
 
     def summary(self) -> str:
-        "One line per run: status, steps, eval accuracy first → last, last batch accuracy, response tokens, seconds per step"
-        lines = [f"{'run':<12} {'status':<8} {'steps':>7} {'eval acc':>13} {'batch acc':>9} {'tokens':>7} {'s/step':>7}  settings"]
+        "One line per run: status, steps, eval accuracy first → last, last batch accuracy, response tokens, s per step"
+        lines = [f"{'run':<12} {'status':<8} {'steps':>7} {'eval acc':>13} {'batch acc':>9} "
+                 f"{'tokens':>7} {'s/step':>7}  settings"]
         for r in self.runs:
             e0, e1 = (r.evals[0]["accuracy"], r.evals[-1]["accuracy"]) if r.evals else (math.nan, math.nan)
             last = r.steps[-1] if r.steps else {}
             sps = sum(s["wall_s"] for s in r.steps) / len(r.steps) if r.steps else math.nan
             lines.append(f"{r.name:<12} {r.status:<8} {len(r.steps):>3}/{r.cfg.train.steps:<3} {e0:>6.3f}→{e1:<6.3f} "
-                         f"{last.get('accuracy', math.nan):>9.3f} {last.get('response_tokens_mean', math.nan):>7.1f} {sps:>7.2f}  "
+                         f"{last.get('accuracy', math.nan):>9.3f} {last.get('response_tokens_mean', math.nan):>7.1f} "
+                         f"{sps:>7.2f}  "
                          f"{r.label[len(r.name):].strip()}" + (f"  {r.error}" if r.error else ""))
         return "\n".join(lines) if self.runs else "no runs yet: press Run (or call .run())"
 
@@ -211,7 +216,8 @@ class Panel:
         if not self.runs: return name
         ref, keys = self.runs[0].cfg, panel_fields(cfg)[0]
         get = lambda c, k: getattr(getattr(c, k.split(".")[0]), k.split(".")[1])
-        diff = [f"{k.split('.')[1]}={get(cfg, k):g}" if isinstance(get(cfg, k), float) else f"{k.split('.')[1]}={get(cfg, k)}"
+        diff = [f"{k.split('.')[1]}={get(cfg, k):g}" if isinstance(get(cfg, k), float)
+                else f"{k.split('.')[1]}={get(cfg, k)}"
                 for k in keys if k != "algo.name" and get(cfg, k) != get(ref, k)]
         return " ".join([name] + diff)
 
@@ -219,22 +225,27 @@ class Panel:
     def _control(self, key: str):
         import ipywidgets as W
         sp, v = widget_spec(self.cfg, key), getattr(*self._part(key))
-        label = LABELS.get(key) or (key.split(".")[1] if key in panel_fields(self.cfg)[0] else key)  # "more": the full key
-        kw = dict(description=label, description_tooltip=key, style={"description_width": "125px"}, layout=W.Layout(width="auto"))
+        # "more settings": the full key
+        label = LABELS.get(key) or (key.split(".")[1] if key in panel_fields(self.cfg)[0] else key)
+        kw = dict(description=label, description_tooltip=key, style={"description_width": "125px"},
+                  layout=W.Layout(width="auto"))
         k = sp["kind"]
         if k == "dropdown": w = W.Dropdown(options=sp["options"], value=v, **kw)
         elif k == "checkbox": w = W.Checkbox(value=v, indent=False, **kw)
         elif k == "text": w = W.Text(value=v, **kw)
-        elif k in ("int_slider", "float_slider"):  # a value outside the usual range (a GPU preset's 300 steps) widens it
+        elif k in ("int_slider", "float_slider"):
+            # a value outside the usual range (a GPU preset's 300 steps) widens it
             cls, fmt = (W.IntSlider, "d") if k == "int_slider" else (W.FloatSlider, ".3g")
-            w = cls(value=v, min=min(sp["min"], v), max=max(sp["max"], v), step=sp["step"], continuous_update=False, readout_format=fmt, **kw)
+            w = cls(value=v, min=min(sp["min"], v), max=max(sp["max"], v), step=sp["step"], continuous_update=False,
+                    readout_format=fmt, **kw)
         elif k == "log_slider":
-            w = W.FloatLogSlider(value=v, min=math.log10(min(sp["min"], v)), max=math.log10(max(sp["max"], v)), step=sp["step"],
-                                 base=10, continuous_update=False, readout_format=".1e", **kw)
+            w = W.FloatLogSlider(value=v, min=math.log10(min(sp["min"], v)), max=math.log10(max(sp["max"], v)),
+                                 step=sp["step"], base=10, continuous_update=False, readout_format=".1e", **kw)
         else:
             cls = W.BoundedIntText if k == "int_box" else W.BoundedFloatText
             big = 2**31 - 1 if k == "int_box" else 1e12
-            w = cls(value=v, min=sp["min"] if sp["min"] is not None else -big, max=sp["max"] if sp["max"] is not None else big, **kw)
+            w = cls(value=v, min=sp["min"] if sp["min"] is not None else -big,
+                    max=sp["max"] if sp["max"] is not None else big, **kw)
         w.observe(lambda ch, key=key: self._on_change(key, ch["new"]), names="value")
         return w
 
@@ -253,9 +264,11 @@ class Panel:
             grid_template_columns="repeat(auto-fill, minmax(320px, 1fr))", grid_gap="2px 12px"))
         acc = W.Accordion([grid(more)]); acc.set_title(0, "more settings"); acc.selected_index = None
         bt = dict(layout=W.Layout(width="110px"))
-        run, stop, clear = W.Button(description="Run", button_style="success", icon="play", **bt), \
-            W.Button(description="Stop", button_style="danger", icon="stop", disabled=True, **bt), W.Button(description="Clear", icon="trash", **bt)
-        run.on_click(lambda _: self._click(self.run)); stop.on_click(lambda _: self.stop()); clear.on_click(lambda _: self._click(self.clear))
+        run, stop, clear = (W.Button(description="Run", button_style="success", icon="play", **bt),
+                            W.Button(description="Stop", button_style="danger", icon="stop", disabled=True, **bt),
+                            W.Button(description="Clear", icon="trash", **bt))
+        run.on_click(lambda _: self._click(self.run)); stop.on_click(lambda _: self.stop())
+        clear.on_click(lambda _: self._click(self.clear))
         status, plot = W.HTML(), W.Image(format="png", layout=W.Layout(max_width="1040px"))
         box = W.VBox([grid(shown), acc, W.HBox([run, stop, clear]), status, plot])
         box.add_class("bppo-panel")
@@ -275,7 +288,8 @@ class Panel:
         busy = self.busy
         ui["run"].disabled, ui["stop"].disabled, ui["clear"].disabled = busy, not busy, busy
         import html
-        ui["status"].value = (f"<pre class='bppo-status' style='font-size:11px;margin:2px'>{html.escape(self.summary())}</pre>"
+        ui["status"].value = (f"<pre class='bppo-status' style='font-size:11px;margin:2px'>"
+                              f"{html.escape(self.summary())}</pre>"
                               + (f"<div style='color:#b00'>{html.escape(self.message)}</div>" if self.message else ""))
         if self.runs or ui["plot"].value: ui["plot"].value = fig_png(self.figure())
 

@@ -31,12 +31,14 @@ def test_train_runs_a_registered_algorithm(tmp_path, reinforce, shipped):
     assert ALGORITHMS["reinforce"] is reinforce
     rows = {}
     for algo in ("reinforce", "grpo"):
-        cfg = get_config("cpu-demo", overrides=SMALL + [f"algo.name={algo}", "train.steps=3", f"train.out={tmp_path / algo}"])
+        cfg = get_config("cpu-demo",
+                         overrides=SMALL + [f"algo.name={algo}", "train.steps=3", f"train.out={tmp_path / algo}"])
         train(cfg, progress=False, evaluate_every=False)
         rows[algo] = read_jsonl_rows(tmp_path / algo / "metrics.jsonl")
     r, g = rows["reinforce"], rows["grpo"]
     assert [x["step"] for x in r] == [0, 1, 2] and all("baseline_mean" in x for x in r)
-    assert r[0]["generated_tokens"] == g[0]["generated_tokens"] and r[0]["baseline_mean"] == pytest.approx(g[0]["reward_mean"])
+    assert (r[0]["generated_tokens"] == g[0]["generated_tokens"]
+            and r[0]["baseline_mean"] == pytest.approx(g[0]["reward_mean"]))
     assert r[0]["trained_tokens"] == g[0]["trained_tokens"]  # the same groups carry signal ...
     if r[0]["trained_tokens"]: assert r[0]["grad_norm"] != pytest.approx(g[0]["grad_norm"])  # ... with other advantages
     from bppo_kit.policy import load_policy
@@ -45,8 +47,10 @@ def test_train_runs_a_registered_algorithm(tmp_path, reinforce, shipped):
 
 def test_cli_trains_a_plugin_algorithm(tmp_path):
     out = tmp_path / "cli"
-    cmd = bppo_cmd() + ["train", "--plugin", str(PLUGIN), "--algo", "reinforce", "--steps", "3", "--out", str(out), "--quiet"]
-    r = subprocess.run(cmd + [a for o in SMALL for a in ("--set", o)], capture_output=True, text=True, timeout=900, cwd=ROOT)
+    cmd = bppo_cmd() + ["train", "--plugin", str(PLUGIN), "--algo", "reinforce", "--steps", "3", "--out", str(out),
+                        "--quiet"]
+    r = subprocess.run(cmd + [a for o in SMALL for a in ("--set", o)], capture_output=True, text=True, timeout=900,
+                       cwd=ROOT)
     assert r.returncode == 0, r.stderr[-3000:]
     rows = read_jsonl_rows(out / "metrics.jsonl")
     assert [x["step"] for x in rows] == [0, 1, 2] and all("baseline_mean" in x for x in rows)

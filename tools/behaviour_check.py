@@ -53,7 +53,8 @@ def run_variant(name: str, overrides: list[str], out: Path, steps: int) -> dict:
 def run_eval(out: Path) -> dict:
     js = out / "eval.json"
     exe = Path(sys.executable).parent / "bppo"  # the installed command, as a user runs it
-    cmd = ([str(exe)] if exe.exists() else [sys.executable, "-m", "bppo_kit.cli"]) + ["eval", "--preset", "cpu-demo", "--samples", "8", "--json", str(js), "--quiet"]
+    cmd = (([str(exe)] if exe.exists() else [sys.executable, "-m", "bppo_kit.cli"])
+           + ["eval", "--preset", "cpu-demo", "--samples", "8", "--json", str(js), "--quiet"])
     subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
     return {k: v for k, v in json.loads(js.read_text()).items() if k not in TIMES}
 
@@ -104,7 +105,8 @@ def main(argv=None) -> int:
     for e in extra: print(f"new key (not compared): {e}")
     for b in bad: print(f"DIFFERENT {b}")
     n = sum(len(v["steps"]) for k, v in res.items() if k != "eval")
-    print(f"{'SAME' if not bad else 'CHANGED'}: {len(res)} runs, {n} logged steps compared to 1e-6; {len(bad)} differences")
+    print(f"{'SAME' if not bad else 'CHANGED'}: {len(res)} runs, {n} logged steps compared to 1e-6; "
+          f"{len(bad)} differences")
     return 0 if not bad else 1
 
 if __name__ == "__main__":
