@@ -1,4 +1,4 @@
-"""Generation engines behind one interface: sample `n` completions per prompt, with per-token log-probs and a finish reason.
+"""Engines behind one interface: `n` completions per prompt, with per-token log-probs and why each ended
 
 Docs: https://bppo-kit.github.io/bppo_kit/rollout.html.md"""
 
@@ -6,8 +6,10 @@ Docs: https://bppo-kit.github.io/bppo_kit/rollout.html.md"""
 
 # %% ../nbs/04_rollout.ipynb #231357ab
 from __future__ import annotations
-import math, time
-from collections import deque
+import time
+from collections import defaultdict, deque
+from dataclasses import dataclass, field
+from typing import Callable
 import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
@@ -16,7 +18,9 @@ from .policy import token_logprobs
 
 # %% auto #0
 __all__ = ['trim', 'encode_prompts', 'stop_ids', 'HFEngine', 'hf_batch_available', 'HFBatchEngine', 'idle_fraction', 'mix32',
-           'gumbel_noise', 'filter_logits', 'sample_tokens', 'KitEngine', 'vllm_available', 'VLLMEngine']
+           'gumbel_noise', 'filter_logits', 'sample_tokens', 'SlotCache', 'SlotModel', 'Slot', 'Batch', 'admit_waiting',
+           'decode_step', 'accept_tokens', 'compaction', 'finish_slots', 'drop_cancelled', 'check_requests',
+           'KitEngine', 'vllm_available', 'VLLMCompat', 'VLLMEngine']
 
 # %% ../nbs/04_rollout.ipynb #d4729ed1
 def trim(row: list[int], stop_ids: set[int]) -> tuple[list[int], str]:
@@ -170,36 +174,64 @@ def sample_tokens(logits: torch.Tensor, temperature: float, top_k: int, top_p: f
     else: nxt = (filter_logits(logits / temperature, top_k, top_p) + gumbel_noise(seed, uid, t, logits.shape[-1])).argmax(-1)
     return nxt, lp.gather(-1, nxt[:, None])[:, 0]
 
-# %% ../nbs/04_rollout.ipynb #136bab59
+# %% ../nbs/04_rollout.ipynb #3aa1dfae
+class SlotCache:
+    "Keys `K[l]` and values `V[l]` of every layer `l`, `[slots, kv_heads, max_len, head_dim]` each"
+    def __init__(self, layers: int, kv_heads: int, head_dim: int):
+        self.layers, self.kv_heads, self.head_dim = layers, kv_heads, head_dim
+        self.K = self.V = None
+
+    def ensure(self, slots: int, length: int, dtype: torch.dtype, device):
+        "Room for `slots` slots of `length` positions: the cache is kept if big enough, else grown (and zeroed)"
+        K = self.K
+        if K is not None and K[0].shape[0] >= slots and K[0].shape[2] >= length: return
+        if K is not None: slots, length = max(slots, K[0].shape[0]), max(length, K[0].shape[2])
+        self.K = self.V = K = None  # free the old cache before allocating the new one
+        # zeros, not empty: masked positions get weight 0 in attention, and 0 * NaN garbage would still be NaN
+        shape = (slots, self.kv_heads, length, self.head_dim)
+        self.K = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(self.layers)]
+        self.V = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(self.layers)]
+
+    def move(self, holes: list[int], movers: list[int]):
+        "Copy the keys and values of slots `movers` into slots `holes`"
+        dev = self.K[0].device
+        h, mv = torch.tensor(holes, device=dev), torch.tensor(movers, device=dev)
+        for l in range(self.layers): self.K[l][h] = self.K[l][mv]; self.V[l][h] = self.V[l][mv]
+
+# %% ../nbs/04_rollout.ipynb #9ade15d6
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     "Rotary embedding as in Llama/Qwen2 (rotate-half form); cos, sin broadcast over heads"
     h = x.shape[-1] // 2
     return x * cos + torch.cat((-x[..., h:], x[..., :h]), -1) * sin
 
-class KitEngine:
-    "Continuous batching over a slot KV cache, for HF causal LMs of the Llama / Qwen2 / Qwen3 families"
+class SlotModel:
+    "An HF causal LM of the Llama / Qwen2 / Qwen3 families, run layer by layer over a `SlotCache`"
     FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
-    def __init__(self, model, tok, max_slots: int = 256, # decoding slots (requests decoded at once)
-                 prefill_batch: int = 64, # most requests prefilled in one forward
-                 progress: bool = False):
-        cfg = model.config
-        if getattr(cfg, "model_type", None) not in self.FAMILIES:
-            raise ValueError(f"KitEngine supports {', '.join(self.FAMILIES)} models, not {getattr(cfg, 'model_type', None)!r}; use HFEngine")
+    @classmethod
+    def check(cls, cfg):
+        "Raise unless a model with config `cfg` can run here"
+        if getattr(cfg, "model_type", None) not in cls.FAMILIES:
+            raise ValueError(f"KitEngine supports {', '.join(cls.FAMILIES)} models, "
+                             f"not {getattr(cfg, 'model_type', None)!r}; use HFEngine")
         if getattr(cfg, "use_sliding_window", False): raise ValueError("KitEngine has no sliding-window attention; use HFEngine")
-        if max_slots < 1 or prefill_batch < 1: raise ValueError("max_slots and prefill_batch must be >= 1")
-        self.model, self.tok, self.max_slots, self.prefill_batch, self.progress = model, tok, max_slots, prefill_batch, progress
-        self.core = model.model
-        a = self.core.layers[0].self_attn
+
+    def __init__(self, model):
+        cfg = model.config
+        self.check(cfg)
+        self.model, self.core = model, model.model
         self.n_heads, self.n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        self.scale = getattr(a, "scaling", self.head_dim ** -0.5)
+        self.scale = getattr(self.core.layers[0].self_attn, "scaling", self.head_dim ** -0.5)
         self.ctx = getattr(cfg, "max_position_embeddings", None)
-        self.cache = None  # (keys, values): per layer [slots, kv_heads, max_len, head_dim], reused across calls
-        self.stats = dict(generated_tokens=0, seconds=0.0, calls=0, decode_steps=0, prefills=0, slot_steps=0, busy_slot_steps=0)
+        self.cache = SlotCache(len(self.core.layers), self.n_kv, self.head_dim)  # reused across calls
 
-    # --- the model, one layer at a time, with the slot cache ---
+    def reserve(self, slots: int, length: int):
+        "A cache of at least `slots` slots of `length` positions, in the model's dtype and on its device"
+        p = next(self.model.parameters())
+        self.cache.ensure(slots, length, p.dtype, p.device)
+
     def _layers(self, x, pos, write, attend):
-        "Run every layer on `x [n, T, H]` at positions `pos [n, T]`; `write(l, k, v)` stores keys/values, `attend(l, q, k, v)` attends"
+        "Every layer on `x [n, T, H]` at positions `pos [n, T]`; `write(l, k, v)` stores keys/values, `attend(l, q, k, v)` attends"
         cos, sin = self.core.rotary_emb(x, pos)
         cos, sin = cos[:, None], sin[:, None]
         n, T, _ = x.shape
@@ -226,9 +258,9 @@ class KitEngine:
     def _logits(self, x):
         return self.model.lm_head(self.core.norm(x)).float()
 
-    def _prefill(self, ids: list[list[int]], slot0: int):
-        "Prefill requests into slots `slot0…`; returns the logits after each one's last token"
-        K, V = self.cache
+    def prefill(self, ids: list[list[int]], slot0: int) -> torch.Tensor:
+        "Prefill the sequences `ids` into slots `slot0…`; returns the logits after each one's last token"
+        K, V = self.cache.K, self.cache.V
         m, P, dev = len(ids), max(map(len, ids)), K[0].device
         t = torch.zeros(m, P, dtype=torch.long, device=dev)
         for i, x in enumerate(ids): t[i, :len(x)] = torch.tensor(x)  # right padding: causal attention never sees it
@@ -236,12 +268,11 @@ class KitEngine:
         def write(l, k, v): K[l][slot0:slot0 + m, :, :P] = k; V[l][slot0:slot0 + m, :, :P] = v
         x = self._layers(self.core.embed_tokens(t), pos, write, lambda l, q, k, v: self._sdpa(q, k, v, is_causal=True))
         last = torch.tensor([len(z) - 1 for z in ids], device=dev)
-        self.stats["prefills"] += 1
         return self._logits(x[torch.arange(m, device=dev), last])
 
-    def _decode(self, cur: list[int], pos: list[int]):
-        "One decoding step: feed each busy slot's current token at its position; returns next-token logits"
-        K, V = self.cache
+    def decode(self, cur: list[int], pos: list[int]) -> torch.Tensor:
+        "One step: token `cur[i]` into slot `i` at position `pos[i]`, for the first `len(cur)` slots; next-token logits"
+        K, V = self.cache.K, self.cache.V
         n, dev = len(cur), K[0].device
         T = max(pos) + 1
         p = torch.tensor(pos, device=dev)
@@ -252,17 +283,140 @@ class KitEngine:
         x = self._layers(self.core.embed_tokens(torch.tensor(cur, device=dev)[:, None]), p[:, None], write, attend)
         return self._logits(x[:, 0])
 
-    def _ensure_cache(self, slots: int, length: int):
-        K = self.cache[0] if self.cache else None
-        if K is not None and K[0].shape[0] >= slots and K[0].shape[2] >= length: return
-        if K is not None: slots, length = max(slots, K[0].shape[0]), max(length, K[0].shape[2])
-        self.cache = None  # free the old cache before allocating the new one
-        # zeros, not empty: masked positions get weight 0 in attention, and 0 * NaN garbage would still be NaN
-        p = next(self.model.parameters())
-        shape = (slots, self.n_kv, length, self.head_dim)
-        L = len(self.core.layers)
-        self.cache = ([torch.zeros(shape, dtype=p.dtype, device=p.device) for _ in range(L)],
-                      [torch.zeros(shape, dtype=p.dtype, device=p.device) for _ in range(L)])
+# %% ../nbs/04_rollout.ipynb #20c728b0
+@dataclass(slots=True)
+class Slot:
+    "A busy decoding slot: request `req`, feeding token `cur` at position `pos` next; `budget` tokens left in this call"
+    req: int  # index of the request in the run's list
+    pos: int
+    budget: int
+    cur: int = -1
+    toks: list[int] = field(default_factory=list)  # generated in this call
+    lps: list[float] = field(default_factory=list)  # their log-probs
+
+@dataclass
+class Batch:
+    "The state of one `KitEngine.run`: busy `slots` (packed at the front), the `waiting` queue, cancellations, results"
+    requests: list[Request]
+    sp: SamplingParams
+    lm: SlotModel
+    tok: object  # decodes the completions
+    stop: set[int]  # the tokens that end a completion
+    window: int | None = None
+    on_finish: Callable | None = None  # `on_finish(completion)` may return `(seed, uid)`s of requests to cancel
+    stats: dict = field(default_factory=lambda: defaultdict(int))  # the engine's counters
+    bar: tqdm = field(default_factory=lambda: tqdm(disable=True))
+
+    def __post_init__(self):
+        self.slots: list[Slot] = []
+        self.out: list[Completion | None] = [None] * len(self.requests)
+        self.waiting = deque(i for i, r in enumerate(self.requests) if len(r.prefix) < self.sp.max_new_tokens)
+        for i, r in enumerate(self.requests):  # nothing left to generate: already at the length cap
+            if len(r.prefix) >= self.sp.max_new_tokens: self.out[i] = self.completion(i, [], [], "length")
+        self.cancelled: set[int] = set()
+        self.by_uid = {(r.seed, r.uid): i for i, r in enumerate(self.requests)}
+
+    def completion(self, i: int, toks: list[int], lps: list[float], why: str) -> Completion:
+        "Request `i`'s `Completion`: its prefix then `toks`, with log-probs, ended for reason `why`"
+        r = self.requests[i]
+        ids = r.prefix + toks
+        return Completion(r.prompt_index, r.prompt_ids, ids, self.tok.decode(ids, skip_special_tokens=True),
+                          r.prefix_logprobs + lps, why, r.seed, r.uid)
+
+    def cancel(self, keys):
+        "Mark the requests named by the `(seed, uid)`s `keys` cancelled, unless they have finished"
+        for key in keys:
+            j = self.by_uid.get(key)
+            if j is not None and self.out[j] is None: self.cancelled.add(j)
+
+# %% ../nbs/04_rollout.ipynb #0a2a4544
+def admit_waiting(b: Batch, limit: int) -> tuple[int, torch.Tensor] | None:
+    "Admit up to `limit` waiting requests of `b` and prefill them; the first new slot and the logits, or None if none came"
+    new = []
+    while b.waiting and len(new) < limit:
+        i = b.waiting.popleft()
+        if i in b.cancelled: b.out[i] = b.completion(i, [], [], "cancelled"); b.bar.update(1); continue
+        new.append(i)
+    if not new: return None
+    ids = [b.requests[i].prompt_ids + b.requests[i].prefix for i in new]
+    first = len(b.slots)
+    logits = b.lm.prefill(ids, first)
+    b.stats["prefills"] += 1
+    for i, x in zip(new, ids):  # each slot feeds its first sampled token next, at the position after its sequence
+        left = b.sp.max_new_tokens - len(b.requests[i].prefix)
+        b.slots.append(Slot(i, pos=len(x) - 1, budget=min(b.window or b.sp.max_new_tokens, left)))
+    return first, logits
+
+# %% ../nbs/04_rollout.ipynb #cb278676
+def decode_step(b: Batch, slots: int) -> torch.Tensor:
+    "One decoding step over `b`'s busy slots (of `slots` in all, for the counters); their next-token logits"
+    b.stats["decode_steps"] += 1
+    b.stats["slot_steps"] += slots; b.stats["busy_slot_steps"] += len(b.slots)
+    return b.lm.decode([s.cur for s in b.slots], [s.pos for s in b.slots])
+
+def accept_tokens(b: Batch, first: int, logits: torch.Tensor) -> tuple[list[int], list[str]]:
+    "Sample and append the next token of slots `first…` of `b`; returns the slots that stopped and why"
+    sp, dev = b.sp, logits.device
+    ss = b.slots[first:first + logits.shape[0]]
+    rq = [b.requests[s.req] for s in ss]
+    seed = torch.tensor([r.seed for r in rq], device=dev)
+    uid = torch.tensor([r.uid for r in rq], device=dev)
+    t = torch.tensor([len(r.prefix) + len(s.toks) for r, s in zip(rq, ss)], device=dev)
+    nxt, lp = sample_tokens(logits, sp.temperature, sp.top_k, sp.top_p, seed, uid, t)
+    done, why = [], []
+    for j, (s, r, x, l) in enumerate(zip(ss, rq, nxt.tolist(), lp.tolist())):
+        s.toks.append(x); s.lps.append(l); s.budget -= 1
+        s.cur = x; s.pos += 1
+        if x in b.stop: done.append(first + j); why.append("eos")
+        elif len(r.prefix) + len(s.toks) >= sp.max_new_tokens: done.append(first + j); why.append("length")
+        elif s.budget <= 0: done.append(first + j); why.append("window")
+    return done, why
+
+# %% ../nbs/04_rollout.ipynb #9f90dbbf
+def compaction(n: int, dead: list[int]) -> tuple[list[int], list[int]]:
+    "When the slots `dead` of `n` packed busy slots are freed: `holes[j]` below the new end takes `movers[j]`"
+    dead = set(dead)
+    keep = n - len(dead)
+    return [s for s in sorted(dead) if s < keep], [s for s in range(keep, n) if s not in dead]
+
+def finish_slots(b: Batch, slot_ids: list[int], reasons: list[str]):
+    "Free `slot_ids` of `b`: record their completions, then move the last busy slots into the holes"
+    for s, why in zip(slot_ids, reasons):
+        slot = b.slots[s]
+        c = b.out[slot.req] = b.completion(slot.req, slot.toks, slot.lps, why)
+        if b.on_finish: b.cancel(b.on_finish(c) or ())
+    b.bar.update(len(slot_ids))
+    holes, movers = compaction(len(b.slots), slot_ids)
+    keep = len(b.slots) - len(set(slot_ids))
+    if holes: b.lm.cache.move(holes, movers)
+    for h, mv in zip(holes, movers): b.slots[h] = b.slots[mv]
+    del b.slots[keep:]
+
+def drop_cancelled(b: Batch):
+    "Free the busy slots of `b` whose requests were cancelled"
+    gone = [s for s, x in enumerate(b.slots) if x.req in b.cancelled and b.out[x.req] is None]
+    if gone: finish_slots(b, gone, ["cancelled"] * len(gone))
+
+# %% ../nbs/04_rollout.ipynb #28f5dd24
+def check_requests(requests: list[Request], sp: SamplingParams, window: int | None, ctx: int | None):
+    "Raise on a bad `window`, an empty prompt, or a prompt that cannot take `sp.max_new_tokens` more within `ctx`"
+    if window is not None and window < 1: raise ValueError(f"window must be >= 1, got {window}")
+    for r in requests:
+        if not r.prompt_ids: raise ValueError("empty prompt")
+        if ctx and len(r.prompt_ids) + sp.max_new_tokens > ctx:
+            raise ValueError(f"prompt of {len(r.prompt_ids)} tokens + {sp.max_new_tokens} new exceeds the context of {ctx}")
+
+class KitEngine:
+    "Continuous batching over a slot KV cache, for HF causal LMs of the Llama / Qwen2 / Qwen3 families"
+    def __init__(self, model, tok, max_slots: int = 256, # decoding slots (requests decoded at once)
+                 prefill_batch: int = 64, # most requests prefilled in one forward
+                 progress: bool = False):
+        SlotModel.check(model.config)
+        if max_slots < 1 or prefill_batch < 1: raise ValueError("max_slots and prefill_batch must be >= 1")
+        self.model, self.tok, self.max_slots, self.prefill_batch, self.progress = model, tok, max_slots, prefill_batch, progress
+        self.lm = SlotModel(model)
+        self.stats = dict(generated_tokens=0, seconds=0.0, calls=0, decode_steps=0, prefills=0, slot_steps=0,
+                          busy_slot_steps=0)
 
     @torch.no_grad()
     def run(self, requests: list[Request], sampling: SamplingParams | None = None,
@@ -270,112 +424,32 @@ class KitEngine:
             on_finish=None) -> list[Completion]: # `on_finish(completion)` may return uids of requests to cancel
         "Decode `requests` with continuous batching; one `Completion` per request, in order"
         sp = sampling or SamplingParams()
-        if window is not None and window < 1: raise ValueError(f"window must be >= 1, got {window}")
+        check_requests(requests, sp, window, self.lm.ctx)
         if not requests: return []
-        for r in requests:
-            if not r.prompt_ids: raise ValueError("empty prompt")
-            if self.ctx and len(r.prompt_ids) + sp.max_new_tokens > self.ctx:
-                raise ValueError(f"prompt of {len(r.prompt_ids)} tokens + {sp.max_new_tokens} new exceeds the context of {self.ctx}")
-        stop, t0 = stop_ids(self.model, self.tok, sp), time.time()
-        S = min(self.max_slots, len(requests))
-        need = max(len(r.prompt_ids) + max(sp.max_new_tokens, len(r.prefix) + 1) for r in requests)
-        self._ensure_cache(S, need)
-        K, V = self.cache
-        dev = K[0].device
-        out: list[Completion | None] = [None] * len(requests)
-        waiting = deque(i for i, r in enumerate(requests) if len(r.prefix) < sp.max_new_tokens)
-        for i, r in enumerate(requests):  # nothing left to generate: already at the length cap
-            if len(r.prefix) >= sp.max_new_tokens: out[i] = self._completion(r, [], [], "length")
-        busy: list[int] = []  # request index in each busy slot (packed at the front)
-        cur, pos, toks, lps, budget = [], [], [], [], []  # per slot: current token, its position, new tokens, log-probs, tokens left
-        cancelled: set[int] = set()
-        by_uid = {(r.seed, r.uid): i for i, r in enumerate(requests)}
+        t0, S = time.time(), min(self.max_slots, len(requests))
+        self.lm.reserve(S, max(len(r.prompt_ids) + max(sp.max_new_tokens, len(r.prefix) + 1) for r in requests))
         bar = tqdm(total=len(requests), desc=f"generate {len(requests)} completions", leave=False, disable=not self.progress)
-
-        def finish(slot_ids: list[int], reasons: list[str]):
-            "Free slots: record their completions, move the last busy slots into the holes"
-            for s, why in zip(slot_ids, reasons):
-                i = busy[s]; r = requests[i]
-                out[i] = self._completion(r, toks[s], lps[s], why)
-                if on_finish:
-                    for key in on_finish(out[i]) or ():
-                        j = by_uid.get(key)
-                        if j is not None and out[j] is None: cancelled.add(j)
-            bar.update(len(slot_ids))
-            dead = set(slot_ids)
-            keep = len(busy) - len(dead)
-            holes = [s for s in sorted(dead) if s < keep]
-            movers = [s for s in range(keep, len(busy)) if s not in dead]
-            if holes:
-                h, mv = torch.tensor(holes, device=dev), torch.tensor(movers, device=dev)
-                for l in range(len(K)): K[l][h] = K[l][mv]; V[l][h] = V[l][mv]
-                for lst in (busy, cur, pos, toks, lps, budget):
-                    for a, b in zip(holes, movers): lst[a] = lst[b]
-            for lst in (busy, cur, pos, toks, lps, budget): del lst[keep:]
-
-        def accept(first: int, logits: torch.Tensor):
-            "Sample the next token of slots `first…`, append it, and free the slots that stopped or were cancelled"
-            n = logits.shape[0]
-            rq = [requests[busy[s]] for s in range(first, first + n)]
-            seed = torch.tensor([r.seed for r in rq], device=dev)
-            uid = torch.tensor([r.uid for r in rq], device=dev)
-            t = torch.tensor([len(r.prefix) + len(toks[s]) for r, s in zip(rq, range(first, first + n))], device=dev)
-            nxt, lp = sample_tokens(logits, sp.temperature, sp.top_k, sp.top_p, seed, uid, t)
-            nxt, lp = nxt.tolist(), lp.tolist()
-            done, why = [], []
-            for j in range(n):
-                s = first + j
-                toks[s].append(nxt[j]); lps[s].append(lp[j]); budget[s] -= 1
-                cur[s] = nxt[j]; pos[s] += 1
-                total = len(rq[j].prefix) + len(toks[s])
-                if nxt[j] in stop: done.append(s); why.append("eos")
-                elif total >= sp.max_new_tokens: done.append(s); why.append("length")
-                elif budget[s] <= 0: done.append(s); why.append("window")
-            if done: finish(done, why)
-
-        def drop_cancelled():
-            gone = [s for s, i in enumerate(busy) if i in cancelled and out[i] is None]
-            if gone: finish(gone, ["cancelled"] * len(gone))
-
-        while waiting or busy:
-            free = S - len(busy)
-            # admit waiting requests when enough slots are free (or nothing runs): one prefill for all of them
-            if waiting and free and (free >= min(len(waiting), max(1, S // 8)) or not busy):
-                new = []
-                while waiting and len(new) < min(free, self.prefill_batch):
-                    i = waiting.popleft()
-                    if i in cancelled: out[i] = self._completion(requests[i], [], [], "cancelled"); bar.update(1); continue
-                    new.append(i)
-                if not new: continue
-                ids = [requests[i].prompt_ids + requests[i].prefix for i in new]
-                first = len(busy)
-                logits = self._prefill(ids, first)
-                for i, x in zip(new, ids):
-                    r = requests[i]
-                    busy.append(i); cur.append(-1); pos.append(len(x) - 1); toks.append([]); lps.append([])
-                    budget.append(min(window or sp.max_new_tokens, sp.max_new_tokens - len(r.prefix)))
-                accept(first, logits)
-                drop_cancelled()
-                continue
-            self.stats["decode_steps"] += 1
-            self.stats["slot_steps"] += S; self.stats["busy_slot_steps"] += len(busy)
-            accept(0, self._decode(cur, pos))
-            drop_cancelled()
+        b = Batch(requests, sp, self.lm, self.tok, stop_ids(self.model, self.tok, sp), window, on_finish, self.stats, bar)
+        while b.waiting or b.slots:
+            free = S - len(b.slots)
+            if b.waiting and free and (free >= min(len(b.waiting), max(1, S // 8)) or not b.slots):
+                got = admit_waiting(b, min(free, self.prefill_batch))
+                if got is None: continue  # all of them had been cancelled
+                first, logits = got
+            else: first, logits = 0, decode_step(b, S)
+            done, why = accept_tokens(b, first, logits)
+            if done: finish_slots(b, done, why)
+            drop_cancelled(b)
         bar.close()
         self.stats["seconds"] += time.time() - t0; self.stats["calls"] += 1
-        self.stats["generated_tokens"] += sum(c.n_tokens - len(r.prefix) for c, r in zip(out, requests))
-        return out
-
-    def _completion(self, r: Request, toks: list[int], lps: list[float], why: str) -> Completion:
-        ids = r.prefix + toks
-        return Completion(r.prompt_index, r.prompt_ids, ids, self.tok.decode(ids, skip_special_tokens=True),
-                          r.prefix_logprobs + lps, why, r.seed, r.uid)
+        self.stats["generated_tokens"] += sum(c.n_tokens - len(r.prefix) for c, r in zip(b.out, requests))
+        return b.out
 
     def generate(self, prompts: list[str], n: int = 1, sampling: SamplingParams | None = None,
                  window: int | None = None, on_finish=None) -> list[Completion]:
         "`n` completions of each prompt, grouped by prompt (index `i*n + j`); with `window`, unfinished ones are paused"
         sp = sampling or SamplingParams()
-        ids = encode_prompts(self.tok, prompts, n, sp, self.ctx)
+        ids = encode_prompts(self.tok, prompts, n, sp, self.lm.ctx)
         if not ids: return []
         seed = sp.seed if sp.seed is not None else int(torch.randint(0, 2**31 - 1, ()).item())
         reqs = [Request(x, i, i * n + j, seed) for i, x in enumerate(ids) for j in range(n)]
@@ -393,13 +467,60 @@ class KitEngine:
         done = dict(zip(todo, self.run(reqs, sampling, window)))
         return [done.get(i, c) for i, c in enumerate(completions)]
 
-# %% ../nbs/04_rollout.ipynb #bfa8a5d0
+# %% ../nbs/04_rollout.ipynb #6a859ce0
 def vllm_available() -> bool:
     "Whether `vllm` can be imported here"
     import importlib.util
     try: return importlib.util.find_spec("vllm") is not None
     except (ImportError, ValueError): return False
 
+class VLLMCompat:
+    "Every choice that depends on the installed vLLM release; `VLLMEngine` makes no other"
+    ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}  # set before `import vllm`: colocated, the engine runs in this process
+    LLM_KWARGS = dict(logprobs_mode="processed_logprobs")  # log-probs after temperature (vLLM's default: raw, at 1)
+    def __init__(self, vllm):
+        self.top_k_off = vllm.SamplingParams().top_k  # "no top-k": 0 in current vLLM, -1 in older releases
+
+    @staticmethod
+    def wake_up(llm, tags: list[str], asleep: set[str]) -> list[str]:
+        "Wake `tags` of `llm`; returns what woke (older vLLM takes no `tags` and wakes all that sleeps)"
+        try: llm.wake_up(tags=tags)
+        except TypeError: llm.wake_up(); tags = sorted(asleep)
+        return tags
+
+    @staticmethod
+    def worker(llm, errors: list[str]):
+        "The engine's worker object in this process (current vLLM: `collective_rpc`; older layouts: the driver worker)"
+        try: return llm.collective_rpc(lambda w: w)[0]  # colocated: the worker object itself, nothing serialised
+        except Exception as e:
+            errors.append(f"collective_rpc: {type(e).__name__}: {e}")
+            worker = getattr(llm.llm_engine.model_executor, "driver_worker", None)
+            return getattr(worker, "worker", worker)
+
+    @classmethod
+    def load_weights(cls, llm, weights: list[tuple[str, torch.Tensor]]) -> str:
+        "Hand `weights` (checkpoint names) to the engine's model in this process; returns the way that worked"
+        import inspect
+        errors = []
+        worker = cls.worker(llm, errors)
+        # current vLLM: a layer-wise in-place reload that redoes the kernels' post-load processing (repacked weights);
+        # the worker's method passes its arguments on to the model runner's (older releases reload from disk only)
+        reload = getattr(getattr(worker, "model_runner", None), "reload_weights", None)
+        if getattr(worker, "reload_weights", None) and reload and "weights_iterator" in inspect.signature(reload).parameters:
+            try:
+                llm.collective_rpc("reload_weights", kwargs=dict(weights_iterator=iter(weights), is_checkpoint_format=True))
+                return "reload_weights"
+            except Exception as e: errors.append(f"reload_weights: {type(e).__name__}: {e}")
+        # older vLLM (TRL's colocate path): the model's own `load_weights` straight into its parameters
+        try:
+            runner = worker.model_runner
+            (runner.get_model() if hasattr(runner, "get_model") else runner.model).load_weights(weights)
+            return "load_weights"
+        except Exception as e: errors.append(f"model_runner.model.load_weights: {type(e).__name__}: {e}")
+        raise RuntimeError("could not load the weights into the vLLM engine in memory (is it colocated, "
+                           "VLLM_ENABLE_V1_MULTIPROCESSING=0?); tried " + "; ".join(errors))
+
+# %% ../nbs/04_rollout.ipynb #f89c2763
 class VLLMEngine:
     "Generation with vLLM (`vllm.LLM`), colocated with the trainer; `sync_weights` pushes the training weights in memory"
     def __init__(self, model, tok, model_path: str, # a local checkpoint folder of `model`'s architecture: config and initial weights
@@ -410,7 +531,7 @@ class VLLMEngine:
                  seed: int = 0, # vLLM's engine seed
                  **llm_kwargs): # more `vllm.LLM` options (e.g. enforce_eager=True, kv_cache_memory_bytes=...)
         import os, random
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # colocated: the engine runs in this process (TRL's colocate mode)
+        os.environ.update(VLLMCompat.ENV)
         try:
             import vllm
         except ImportError as e:
@@ -426,10 +547,10 @@ class VLLMEngine:
         with torch.random.fork_rng(devices=[p.device] if p.device.type == "cuda" else []):
             self.llm = vllm.LLM(model=model_path, skip_tokenizer_init=True, dtype=dtype, seed=seed,
                                 gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
-                                enable_sleep_mode=self.sleep_mode, logprobs_mode="processed_logprobs", **llm_kwargs)
+                                enable_sleep_mode=self.sleep_mode, **VLLMCompat.LLM_KWARGS, **llm_kwargs)
         random.setstate(py_state); np.random.set_state(np_state)
         self.ctx = self.llm.llm_engine.model_config.max_model_len
-        self._top_k_off = vllm.SamplingParams().top_k  # "no top-k": 0 in current vLLM, -1 in older releases
+        self.compat = VLLMCompat(vllm)
         self.last_sync = None  # how the last `sync_weights` reached the engine's model
         self.asleep: set[str] = set()  # what sleep mode has taken off the device: "weights", "kv_cache"
         self.stats = dict(generated_tokens=0, seconds=0.0, calls=0, syncs=0)
@@ -441,10 +562,7 @@ class VLLMEngine:
     def _wake(self, tags: tuple[str, ...] = ("weights", "kv_cache")):
         "Bring back what sleeps among `tags` (waking a tag that is awake would map its memory twice)"
         todo = sorted(self.asleep & set(tags))
-        if not todo: return
-        try: self.llm.wake_up(tags=todo)
-        except TypeError: self.llm.wake_up(); todo = sorted(self.asleep)  # older vLLM: no tags, wakes everything
-        self.asleep -= set(todo)
+        if todo: self.asleep -= set(self.compat.wake_up(self.llm, todo, self.asleep))
 
     def generate(self, prompts: list[str], n: int = 1, sampling: SamplingParams | None = None) -> list[Completion]:
         "`n` completions of each prompt, grouped by prompt: index `i*n + j` is sample `j` of prompt `i`"
@@ -456,14 +574,15 @@ class VLLMEngine:
         greedy = sp.temperature == 0
         def params(i):
             return self.vllm.SamplingParams(
-                n=1 if greedy else n, temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k or self._top_k_off,
+                n=1 if greedy else n, temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k or self.compat.top_k_off,
                 max_tokens=sp.max_new_tokens, stop_token_ids=sorted(stop), logprobs=0 if sp.logprobs else None,
                 seed=None if sp.seed is None or greedy else sp.seed + i * n, detokenize=False)
         # vLLM refuses n > 1 for greedy: greedy requests go in n times
         reqs = [(i, x) for i, x in enumerate(ids) for _ in range(n if greedy else 1)]
         t0 = time.time()
         self._wake()
-        try: outs = self.llm.generate([TokensPrompt(prompt_token_ids=x) for _, x in reqs], [params(i) for i, _ in reqs], use_tqdm=False)
+        try: outs = self.llm.generate([TokensPrompt(prompt_token_ids=x) for _, x in reqs], [params(i) for i, _ in reqs],
+                                      use_tqdm=False)
         finally:
             if self.sleep_mode: self._sleep()
         cs = []
@@ -498,32 +617,6 @@ class VLLMEngine:
         model = model if model is not None else self.model
         weights = [(k, v.detach()) for k, v in model.state_dict().items()]
         self._wake(("weights",))  # the KV cache sleeps on until the next generate
-        self.last_sync = self._load_weights(weights)
+        self.last_sync = VLLMCompat.load_weights(self.llm, weights)
         self.llm.reset_prefix_cache()
         self.stats["syncs"] += 1
-
-    def _load_weights(self, weights: list[tuple[str, torch.Tensor]]) -> str:
-        "Hand `weights` (checkpoint names) to the engine's model in this process; returns the way that worked"
-        import inspect
-        errors = []
-        try: worker = self.llm.collective_rpc(lambda w: w)[0]  # colocated: the worker object itself, nothing serialised
-        except Exception as e:
-            errors.append(f"collective_rpc: {type(e).__name__}: {e}")
-            worker = getattr(self.llm.llm_engine.model_executor, "driver_worker", None)  # older layouts
-            worker = getattr(worker, "worker", worker)
-        # current vLLM: a layer-wise in-place reload that redoes the kernels' post-load processing (repacked weights);
-        # the worker's method passes its arguments on to the model runner's (older releases reload from disk only)
-        reload = getattr(getattr(worker, "model_runner", None), "reload_weights", None)
-        if getattr(worker, "reload_weights", None) and reload and "weights_iterator" in inspect.signature(reload).parameters:
-            try:
-                self.llm.collective_rpc("reload_weights", kwargs=dict(weights_iterator=iter(weights), is_checkpoint_format=True))
-                return "reload_weights"
-            except Exception as e: errors.append(f"reload_weights: {type(e).__name__}: {e}")
-        # older vLLM (TRL's colocate path): the model's own `load_weights` straight into its parameters
-        try:
-            runner = worker.model_runner
-            (runner.get_model() if hasattr(runner, "get_model") else runner.model).load_weights(weights)
-            return "load_weights"
-        except Exception as e: errors.append(f"model_runner.model.load_weights: {type(e).__name__}: {e}")
-        raise RuntimeError("could not load the weights into the vLLM engine in memory (is it colocated, "
-                           "VLLM_ENABLE_V1_MULTIPROCESSING=0?); tried " + "; ".join(errors))
