@@ -81,7 +81,8 @@ def suite(name, m, tok, prompts, big: bool) -> dict:
     case("sampled_t1", KitEngine(m, tok),
          lambda e, s: rec(e.generate(P[:8], 4, SamplingParams(max_new_tokens=L, seed=3))))
     case("sampled_t07_topk_topp_slots5_pb2", KitEngine(m, tok, max_slots=5, prefill_batch=2),
-         lambda e, s: rec(e.generate(P[:6], 4, SamplingParams(temperature=0.7, top_k=20, top_p=0.95, max_new_tokens=L, seed=11))))
+         lambda e, s: rec(e.generate(P[:6], 4, SamplingParams(temperature=0.7, top_k=20, top_p=0.95,
+                                                              max_new_tokens=L, seed=11))))
     case("window10_resume", KitEngine(m, tok, max_slots=16),
          lambda e, s: windows(e, P[:6], 3, SamplingParams(max_new_tokens=L, seed=11, top_k=20, top_p=0.95), [10]))
     case("window_varying_slots3", KitEngine(m, tok, max_slots=3),
@@ -89,9 +90,11 @@ def suite(name, m, tok, prompts, big: bool) -> dict:
     case("window_greedy", KitEngine(m, tok, max_slots=6),
          lambda e, s: windows(e, P[:5], 2, SamplingParams(temperature=0, max_new_tokens=L), [12]))
     case("cancel_slots16", KitEngine(m, tok, max_slots=16),
-         lambda e, s: rec(e.generate(P[:8], 8, SamplingParams(max_new_tokens=L, seed=2), on_finish=cancel_siblings(8, s))))
+         lambda e, s: rec(e.generate(P[:8], 8, SamplingParams(max_new_tokens=L, seed=2),
+                                     on_finish=cancel_siblings(8, s))))
     case("cancel_slots4_pb3", KitEngine(m, tok, max_slots=4, prefill_batch=3),
-         lambda e, s: rec(e.generate(P[:5], 4, SamplingParams(max_new_tokens=L, seed=8), on_finish=cancel_siblings(4, s))))
+         lambda e, s: rec(e.generate(P[:5], 4, SamplingParams(max_new_tokens=L, seed=8),
+                                     on_finish=cancel_siblings(4, s))))
     case("cancel_window", KitEngine(m, tok, max_slots=8),
          lambda e, s: rec(e.generate(P[:4], 4, SamplingParams(max_new_tokens=L, seed=9), window=15,
                                      on_finish=cancel_siblings(4, s))))
@@ -100,7 +103,8 @@ def suite(name, m, tok, prompts, big: bool) -> dict:
     def prefixed(e, s):
         sp = SamplingParams(max_new_tokens=L, seed=21, top_p=0.9)
         first = e.generate(P[:3], 2, sp, window=5)
-        reqs = [Request(c.prompt_ids, c.prompt_index, c.uid, c.seed, list(c.completion_ids), list(c.logprobs)) for c in first]
+        reqs = [Request(c.prompt_ids, c.prompt_index, c.uid, c.seed, list(c.completion_ids), list(c.logprobs))
+                for c in first]
         full = Request(first[0].prompt_ids, 0, 99, 21, [5] * L, [0.0] * L)  # already at the length cap
         return [rec(first), rec(e.run(reqs + [full], sp, window=9, on_finish=cancel_siblings(2, s)))]
     case("run_prefix_and_cap", KitEngine(m, tok, max_slots=4), prefixed)
@@ -119,9 +123,9 @@ def suite(name, m, tok, prompts, big: bool) -> dict:
 
 def random_models(tok):
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
-    common = dict(vocab_size=len(tok), hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                  intermediate_size=128, max_position_embeddings=512, pad_token_id=tok.pad_token_id,
-                  eos_token_id=tok.eos_token_id, bos_token_id=None)
+    common = dict(vocab_size=len(tok), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, intermediate_size=128, max_position_embeddings=512,
+                  pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=None)
     out = {}
     for name, cls, cfg in (("qwen2_gqa", Qwen2ForCausalLM, Qwen2Config(**common, tie_word_embeddings=True)),
                            ("llama_gqa", LlamaForCausalLM, LlamaConfig(**common)),
@@ -184,5 +188,6 @@ if __name__ == "__main__":
     else:
         bad = compare(json.loads(a.check.read_text()), res)
         for d in bad[:20]: print("DIFF", d)
-        print(f"{len(bad)} differences" if bad else "identical: every token id, log-prob bit, finish reason and counter")
+        print(f"{len(bad)} differences" if bad
+              else "identical: every token id, log-prob bit, finish reason and counter")
         sys.exit(1 if bad else 0)
