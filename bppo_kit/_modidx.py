@@ -87,6 +87,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                'bppo_kit.core.SamplingParams': ('core.html#samplingparams', 'bppo_kit/core.py'),
                                'bppo_kit.core.SamplingParams.__post_init__': ('core.html#samplingparams.__post_init__', 'bppo_kit/core.py'),
                                'bppo_kit.core.TrainItem': ('core.html#trainitem', 'bppo_kit/core.py'),
+                               'bppo_kit.core._same_class': ('core.html#_same_class', 'bppo_kit/core.py'),
                                'bppo_kit.core.algorithm_class': ('core.html#algorithm_class', 'bppo_kit/core.py'),
                                'bppo_kit.core.clipped_surrogate': ('core.html#clipped_surrogate', 'bppo_kit/core.py'),
                                'bppo_kit.core.entropy_from_logits': ('core.html#entropy_from_logits', 'bppo_kit/core.py'),

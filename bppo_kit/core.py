@@ -150,6 +150,11 @@ class Algorithm:
 # %% ../nbs/03c_core.ipynb #844683bf
 ALGORITHMS: dict[str, type] = {}  # name -> Algorithm subclass; filled by `register`
 
+def _same_class(a: type, b: type) -> bool:
+    "One class defined twice: a re-run cell, a reloaded module, or a lesson's copy (`__main__`) of the package's class"
+    same_home = a.__module__ == b.__module__ or "__main__" in (a.__module__, b.__module__)
+    return a.__qualname__ == b.__qualname__ and same_home
+
 def register(name: str): # the `algo.name` that selects the class
     "Class decorator: make an `Algorithm` subclass available as `algo.name=name`"
     if not name or not name.replace("_", "").replace("-", "").isalnum():
@@ -158,9 +163,9 @@ def register(name: str): # the `algo.name` that selects the class
         if not (isinstance(cls, type) and issubclass(cls, Algorithm)):
             raise TypeError(f"register({name!r}) takes a subclass of bppo_kit.core.Algorithm, got {cls!r}")
         old = ALGORITHMS.get(name)
-        if old is not None and (old.__module__, old.__qualname__) != (cls.__module__, cls.__qualname__):
+        if old is not None and not _same_class(old, cls):
             raise ValueError(f"algorithm {name!r} is already registered ({old.__module__}.{old.__qualname__})")
-        ALGORITHMS[name] = cls  # the same class defined again (a re-run cell, a reloaded module) replaces itself
+        ALGORITHMS[name] = cls  # the newest definition of the same class wins
         return cls
     return deco
 
