@@ -119,7 +119,8 @@ class BPPO(Algorithm):
                 j = sel[b, k].item()
                 if j < 0 or adv[b, k].item() == 0.0: continue
                 c = r.completions[b * G + j]
-                items.append(TrainItem(c.prompt_ids, c.completion_ids, adv[b, k].item(), int(keep[b, k])))
+                items.append(TrainItem(c.prompt_ids, c.completion_ids, adv[b, k].item(), int(keep[b, k]),
+                                       sample_logprobs=c.logprobs or None))
         return items, self._metrics(r, items, ratio)
 
     def _prefix_only(self, r: Rollout, sel: torch.Tensor, keep: torch.Tensor,
@@ -135,7 +136,8 @@ class BPPO(Algorithm):
                 n = c.n_tokens
                 cut = (min(n, int(keep[b, 0])) if a.prefix_mode == "pair_min" and (sel[b] >= 0).all() else
                        int(prefix_lengths(torch.tensor([[n, 0]]), a.prefix_mode, ratio, a.prefix_tokens)[0, 0]))
-                items.append(TrainItem(c.prompt_ids, c.completion_ids, adv[b, j].item(), cut))
+                items.append(TrainItem(c.prompt_ids, c.completion_ids, adv[b, j].item(), cut,
+                                       sample_logprobs=c.logprobs or None))
         return items, self._metrics(r, items, ratio)
 
     @staticmethod

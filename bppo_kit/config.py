@@ -25,7 +25,8 @@ def param(default, # the field's default value
 @dataclass
 class ModelConfig:
     name_or_path: str = "tiny"  # a hub id, a local checkpoint folder, or "tiny": the char-level policy shipped in data/
-    dtype: str = param("float32", choices=["float32", "bfloat16", "float16"])  # fp32 on CPU; bf16 on GPUs
+    # the compute dtype: bfloat16/float16 = autocast over float32 master weights (the policy lesson); bf16 on GPUs
+    dtype: str = param("float32", choices=["float32", "bfloat16", "float16"])
     gradient_checkpointing: bool = False  # trade compute for memory on long responses
 
 @dataclass
@@ -81,6 +82,9 @@ class AlgoConfig:
     value_lr: float = param(5e-4, gt=0)  # T-PPO/PPO: the value model's AdamW learning rate
     value_clip_low: float = param(0.5, gt=0)  # value loss clipped to [V_old - low, V_old + high]
     value_clip_high: float = param(0.6, gt=0)
+    # truncated importance sampling: tokens weighted min(p_trainer / p_engine, tis_cap) where the engine's numerics
+    # differ from the trainer's (vLLM, or a compute dtype below float32); 0 = off
+    tis_cap: float = param(2.0, ge=0)
 
 @dataclass
 class TrainConfig:

@@ -84,6 +84,8 @@ class TrainItem:
     start: int = 0  # ... from this one on (T-PPO trains only the tokens of the latest window)
     # per-token advantages for tokens start…n_train-1 (T-PPO); None = `advantage` everywhere
     token_adv: list[float] | None = None
+    # the engine's log-probs of completion_ids (truncated importance sampling, the update lesson); None = none
+    sample_logprobs: list[float] | None = None
 
 # %% ../nbs/03c_core.ipynb #d259983d
 def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim=None) -> torch.Tensor:

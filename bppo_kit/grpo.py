@@ -76,6 +76,6 @@ class GRPO(Algorithm):
     def prepare(self, r: Rollout, step: int = 0) -> tuple[list[TrainItem], dict]:
         "Train items and metrics for a scored rollout"
         adv = group_advantages(r.rewards, self.cfg.algo.adv_scale)
-        items = [TrainItem(c.prompt_ids, c.completion_ids, adv.flatten()[i].item(), c.n_tokens)
-                 for i, c in enumerate(r.completions)]
+        items = [TrainItem(c.prompt_ids, c.completion_ids, adv.flatten()[i].item(), c.n_tokens,
+                           sample_logprobs=c.logprobs or None) for i, c in enumerate(r.completions)]
         return items, dict(frac_zero_std_groups=zero_signal_frac(r.rewards), selected_sequences=len(items))

@@ -4,7 +4,7 @@
 
 # %% ../nbs/03_policy.ipynb #999ef079
 from __future__ import annotations
-import json, string
+import copy, json, string
 from pathlib import Path
 import torch
 from tokenizers import Tokenizer, Regex, decoders, models, pre_tokenizers
@@ -14,7 +14,7 @@ from .data import DataError
 
 # %% auto #0
 __all__ = ['CHARS', 'SPECIALS', 'DTYPES', 'char_tokenizer', 'tiny_config', 'load_tokenizer', 'resolve_policy_path', 'load_policy',
-           'pack', 'token_logprobs', 'completion_logprobs']
+           'autocast', 'generation_copy', 'copy_weights', 'pack', 'token_logprobs', 'completion_logprobs']
 
 # %% ../nbs/03_policy.ipynb #3b5f0132
 CHARS = string.digits + string.ascii_letters + " +-*/()=#.,:;?!'\n$\\{}^_<>[]%&|~\"@`"
@@ -69,6 +69,25 @@ def load_policy(name_or_path: str = "tiny", # "tiny", a hub id, or a local check
     tok = load_tokenizer(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype]).to(device).eval()
     return model, tok
+
+# %% ../nbs/03_policy.ipynb #da289803
+def autocast(dtype: str, # a key of `DTYPES`: the compute dtype
+             device) -> torch.autocast: # the model's device (or its type)
+    "`torch.autocast` to `dtype` on `device`'s type; disabled for float32"
+    return torch.autocast(torch.device(device).type, dtype=DTYPES[dtype], enabled=dtype != "float32")
+
+def generation_copy(model, dtype: str):
+    "`model` itself if its weights are in `dtype`, else a frozen copy stored in `dtype` for engines to decode with"
+    if next(model.parameters()).dtype == DTYPES[dtype]: return model
+    gen = copy.deepcopy(model).to(DTYPES[dtype]).eval()
+    return gen.requires_grad_(False)
+
+@torch.no_grad()
+def copy_weights(dst, src):
+    "Copy `src`'s weights (and buffers) into `dst`, casting to `dst`'s dtypes; nothing to do if they are one model"
+    if dst is src: return
+    d = dst.state_dict()
+    for k, v in src.state_dict().items(): d[k].copy_(v)
 
 # %% ../nbs/03_policy.ipynb #d8dd7581
 def pack(prompts: list[list[int]], # prompt token ids, one list per sequence

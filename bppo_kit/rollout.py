@@ -323,11 +323,12 @@ class Batch:
         self.by_uid = {(r.seed, r.uid): i for i, r in enumerate(self.requests)}
 
     def completion(self, i: int, toks: list[int], lps: list[float], why: str) -> Completion:
-        "Request `i`'s `Completion`: its prefix then `toks`, with log-probs, ended for reason `why`"
+        "Request `i`'s `Completion`: its prefix then `toks`, with log-probs if asked for, ended for reason `why`"
         r = self.requests[i]
         ids = r.prefix + toks
+        lps = r.prefix_logprobs + lps if self.sp.logprobs else []
         return Completion(r.prompt_index, r.prompt_ids, ids, self.tok.decode(ids, skip_special_tokens=True),
-                          r.prefix_logprobs + lps, why, r.seed, r.uid)
+                          lps, why, r.seed, r.uid)
 
     def cancel(self, keys):
         "Mark the requests named by the `(seed, uid)`s `keys` cancelled, unless they have finished"

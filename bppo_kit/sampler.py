@@ -14,8 +14,8 @@ from .evaluate import grade, response_tokens
 from .rollout import HFEngine, KitEngine
 
 # %% auto #0
-__all__ = ['SEED_PRIME', 'ROUND_OFFSETS', 'step_seed', 'PromptSource', 'make_engine', 'score_rollout', 'rollout_metrics',
-           'refill_groups', 'Sampler']
+__all__ = ['SEED_PRIME', 'ROUND_OFFSETS', 'step_seed', 'PromptSource', 'make_engine', 'records_logprobs', 'score_rollout',
+           'rollout_metrics', 'refill_groups', 'Sampler']
 
 # %% ../nbs/04c_sampler.ipynb #08071e04
 SEED_PRIME = 1_000_003  # seeds of different runs do not meet for steps below this
@@ -70,6 +70,11 @@ def make_engine(cfg: Config, model, tok, progress: bool = False):
         raise ConfigError("rollout.engine: this bppo_kit has no VLLMEngine; use rollout.engine=kit")
     from bppo_kit.policy import resolve_policy_path
     return ro.VLLMEngine(model, tok, resolve_policy_path(cfg.model.name_or_path))
+
+# %% ../nbs/04c_sampler.ipynb #e89ae3cb
+def records_logprobs(cfg: Config) -> bool:
+    "Whether training samples keep the engine's log-probs: truncated importance sampling on an inexact engine"
+    return cfg.algo.tis_cap > 0 and (cfg.rollout.engine == "vllm" or cfg.model.dtype != "float32")
 
 # %% ../nbs/04c_sampler.ipynb #3b9835f1
 def score_rollout(examples: list[Example], completions: list[Completion], group_size: int, eos_id) -> Rollout:
@@ -126,7 +131,8 @@ class Sampler:
         "Sampling parameters of step `step` (resampling round `round_`): the config's, seeded by `(train.seed, step)`"
         r = self.cfg.rollout
         seed = step_seed(self.cfg.train.seed, step, "resampling" if round_ else "sampling", round_)
-        return SamplingParams(r.temperature, r.top_p, r.top_k, r.max_new_tokens, seed=seed, logprobs=False)
+        return SamplingParams(r.temperature, r.top_p, r.top_k, r.max_new_tokens, seed=seed,
+                              logprobs=records_logprobs(self.cfg))
 
     def score(self, examples: list[Example], completions: list[Completion]) -> Rollout:
         "`score_rollout`, timed"

@@ -99,8 +99,8 @@ class TPPO(Algorithm):
         V = self._values(entries, sampler.tok.pad_token_id)  # [N, C] over all tokens so far
         adv, keep = window_advantages(V, starts, [len(e.tokens) for e in entries], reward, fin, self.cfg)
         k = keep.sum(1)
-        items = [TrainItem(e.prompt_ids, list(e.tokens), 0.0, s + int(k[i]), s, adv[i, :k[i]].tolist())
-                 for i, (e, s) in enumerate(zip(entries, starts))]
+        items = [TrainItem(e.prompt_ids, list(e.tokens), 0.0, s + int(k[i]), s, adv[i, :k[i]].tolist(),
+                           sample_logprobs=list(e.logprobs) or None) for i, (e, s) in enumerate(zip(entries, starts))]
         done = [e for e, f in zip(entries, fin.tolist()) if f]
         self.pool.put_back([e for e, f in zip(entries, fin.tolist()) if not f])
         self._finished = (done, reward[fin], V[fin])

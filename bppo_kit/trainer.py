@@ -12,15 +12,15 @@ from tqdm.auto import tqdm
 from .config import Config, ConfigError
 from .core import Algorithm, SamplingParams, algorithm_class, make_algorithm
 from .evaluate import eval_examples, evaluate
-from .policy import load_policy
+from .policy import copy_weights, generation_copy, load_policy
 from .runs import (RunDir, append_jsonl, load_trainer_state, open_run, read_jsonl_rows, save_checkpoint,
                            set_rng_state, truncate_metrics)
 from .sampler import Sampler, make_engine, step_seed
-from .update import update
+from .update import check_fused_head, update
 import bppo_kit.bppo, bppo_kit.grpo, bppo_kit.tppo  # noqa: F401 -- the built-in algorithms register themselves
 
 # %% auto #0
-__all__ = ['lr_at', 'device_of', 'Session', 'setup', 'train_step', 'evaluate_step', 'train']
+__all__ = ['lr_at', 'device_of', 'Session', 'check_precision', 'setup', 'train_step', 'evaluate_step', 'train']
 
 # %% ../nbs/11_trainer.ipynb #ef0a4107
 def lr_at(step: int, lr: float, warmup_steps: int = 0) -> float:
@@ -38,17 +38,27 @@ class Session:
     model: object; tok: object; opt: torch.optim.Optimizer; ref: object
     algo: Algorithm; engine: object; sampler: Sampler
     start: int = 0  # the first step this call trains (the checkpoint's step when resuming)
+    gen: object = None  # the weights the engine decodes with: `model` itself, or its copy in the compute dtype
 
     def save(self, run: RunDir, step: int):
         "Checkpoint the state after `step` steps"
         save_checkpoint(run.root, self.model, self.tok, self.opt, step, self.algo.state_dict())
 
+def check_precision(cfg: Config):
+    "A `ConfigError` for a compute dtype the trainer cannot train in"
+    if cfg.model.dtype == "float16":
+        raise ConfigError("model.dtype: float16 training needs loss scaling, which the kit does not do; "
+                          "use bfloat16 or float32 (evaluation runs in float16)")
+
 def setup(cfg: Config, run: RunDir, resume: bool = False) -> Session:
     "Seed, load the policy (from the run's checkpoint when resuming), and build optimizer, reference, algorithm, engine"
     t, dev = cfg.train, device_of(cfg)
+    check_precision(cfg)
     torch.manual_seed(t.seed); random.seed(t.seed); np.random.seed(t.seed)
     state = load_trainer_state(run.checkpoint) if resume and run.state.exists() else None
-    model, tok = load_policy(str(run.checkpoint) if state else cfg.model.name_or_path, cfg.model.dtype, dev)
+    # float32 master weights whatever the compute dtype (the policy lesson)
+    model, tok = load_policy(str(run.checkpoint) if state else cfg.model.name_or_path, "float32", dev)
+    check_fused_head(model, t.loss_kernel)
     ctx = getattr(model.config, "max_position_embeddings", None)
     if ctx and cfg.rollout.max_new_tokens >= ctx:
         raise ConfigError(f"rollout.max_new_tokens: {cfg.rollout.max_new_tokens} "
@@ -59,8 +69,9 @@ def setup(cfg: Config, run: RunDir, resume: bool = False) -> Session:
     ref = load_policy(cfg.model.name_or_path, cfg.model.dtype, dev)[0] if cfg.algo.beta > 0 else None
     algo = make_algorithm(cfg, model)
     if state is not None and state.get("algo") is not None: algo.load_state_dict(state["algo"])
-    engine = make_engine(cfg, model, tok)
-    return Session(model, tok, opt, ref, algo, engine, Sampler(cfg, engine, tok), state["step"] if state else 0)
+    gen = model if cfg.rollout.engine == "vllm" else generation_copy(model, cfg.model.dtype)
+    engine = make_engine(cfg, gen, tok)
+    return Session(model, tok, opt, ref, algo, engine, Sampler(cfg, engine, tok), state["step"] if state else 0, gen)
 
 # %% ../nbs/11_trainer.ipynb #05c56d7c
 def train_step(cfg: Config, s: Session, step: int) -> dict:
@@ -73,6 +84,7 @@ def train_step(cfg: Config, s: Session, step: int) -> dict:
     # update: the policy's PPO epochs with the algorithm's surrogate, then the algorithm's own work (T-PPO's critic)
     um = update(s.model, s.opt, items, cfg, s.tok.pad_token_id, s.ref, s.algo.surrogate)
     um.update(s.algo.after_update(s.tok.pad_token_id))
+    copy_weights(s.gen, s.model)  # the engine's copy in the compute dtype (nothing to do in float32)
     if hasattr(s.engine, "sync_weights"): s.engine.sync_weights(s.model)  # vLLM holds its own copy of the weights
     t2 = time.time()
     return dict(step=step, wall_s=round(t2 - t0, 4), rollout_s=round(t1 - t0 - reward_s, 4),
@@ -110,6 +122,7 @@ def train(cfg: Config, # the validated config
     "Run RL training; returns a summary with the first and last evaluation"
     t = cfg.train
     algorithm_class(cfg.algo.name).check(cfg)  # an unknown algorithm, or a config it cannot run, fails before any load
+    check_precision(cfg)
     run = open_run(cfg, resume, overwrite)
     s = setup(cfg, run, resume)
     # rows after the checkpoint

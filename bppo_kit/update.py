@@ -7,13 +7,16 @@ from __future__ import annotations
 import math
 from functools import partial
 import torch
-from .config import Config
+from .config import Config, ConfigError
 from .core import TrainItem, clipped_surrogate, entropy_from_logits, k3_kl
 from .grpo import token_weights
-from .policy import pack, token_logprobs
+from .kernels import prefix_policy_loss
+from .policy import autocast, pack, token_logprobs
 
 # %% auto #0
-__all__ = ['forward_logprobs', 'micro_batch_tensors', 'trainable', 'kernel_loss', 'micro_batch_loss', 'frozen_logprobs', 'update']
+__all__ = ['forward_logprobs', 'micro_batch_tensors', 'trainable', 'head_problem', 'check_fused_head', 'head_inputs',
+           'kernel_logprobs', 'kernel_loss', 'tis_weights', 'sampler_kl', 'micro_batch_loss', 'policy_logprobs',
+           'update']
 
 # %% ../nbs/10b_update.ipynb #ec15c6ed
 def forward_logprobs(model, batch: dict, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -26,65 +29,116 @@ def forward_logprobs(model, batch: dict, temperature: float = 1.0) -> tuple[torc
     return lp, ent
 
 # %% ../nbs/10b_update.ipynb #f366a97a
-def micro_batch_tensors(items: list[TrainItem], pad_id: int, device=None) -> tuple[dict, torch.Tensor, torch.Tensor]:
-    "A packed batch of `items`, the mask [B, C] of completion tokens that train, and their advantages [B, C]"
+def micro_batch_tensors(items: list[TrainItem], pad_id: int, device=None) -> tuple:
+    "A packed batch of `items`, the mask [B, C] of tokens that train, their advantages [B, C], sampling log-probs"
     batch = pack([it.prompt_ids for it in items], [it.completion_ids for it in items], pad_id, device)
     C = batch["input_ids"].shape[1] - batch["prompt_len"]
     mask = torch.zeros(len(items), C, dtype=torch.bool, device=device)
     adv = torch.tensor([it.advantage for it in items], device=device)[:, None].expand(len(items), C).clone()
+    with_lp = [it.sample_logprobs is not None for it in items]
+    if any(with_lp) and not all(with_lp): raise ValueError("some train items carry sample_logprobs and some do not")
+    sample = torch.zeros(len(items), C, device=device) if all(with_lp) else None
     for j, it in enumerate(items):
         mask[j, it.start:it.n_train] = True
         if it.token_adv is not None: adv[j, it.start:it.n_train] = torch.tensor(it.token_adv, device=device)
-    return batch, mask, adv
+        if sample is not None:
+            if len(it.sample_logprobs) < it.n_train:
+                raise ValueError(f"item {j}: {len(it.sample_logprobs)} sample_logprobs for {it.n_train} trained tokens")
+            sample[j, :it.n_train] = torch.tensor(it.sample_logprobs[:it.n_train], device=device)
+    return batch, mask, adv, sample
 
 def trainable(items: list[TrainItem], with_kl: bool = False) -> list[TrainItem]:
     "The items that can carry a gradient: some tokens to train, and a non-zero advantage (or a KL term)"
     return [it for it in items
             if it.n_train > it.start and (it.advantage != 0.0 or it.token_adv is not None or with_kl)]
 
+# %% ../nbs/10b_update.ipynb #68f30b4b
+def head_problem(model) -> str | None:
+    "Why `model`'s logits are not plain `h @ Wᵀ` of its last hidden states (so the fused loss would be wrong), or None"
+    head, c = model.get_output_embeddings(), model.config
+    kind = getattr(c, "model_type", None) or type(model).__name__
+    if head is None or getattr(head, "weight", None) is None: return f"{kind} has no linear LM head"
+    if getattr(head, "bias", None) is not None: return f"{kind}'s LM head has a bias"
+    if getattr(c, "final_logit_softcapping", None): return f"{kind} soft-caps its final logits"
+    for scale in ("logit_scale", "logits_scaling"):  # Cohere multiplies the logits, Granite divides them
+        if getattr(c, scale, None) not in (None, 1, 1.0): return f"{kind} scales its logits ({scale})"
+    return None
+
+def check_fused_head(model, loss_kernel: str):
+    "A one-line `ConfigError` if `loss_kernel` is a fused one and `model`'s head is not plain"
+    why = head_problem(model) if loss_kernel != "naive" else None
+    if why: raise ConfigError(f"train.loss_kernel={loss_kernel}: the fused loss computes plain h @ W logits, "
+                              f"but {why}; use train.loss_kernel=naive")
+
 # %% ../nbs/10b_update.ipynb #35381cbc
-def kernel_loss(model, batch: dict, mask: torch.Tensor, adv: torch.Tensor, weights: torch.Tensor,
-                old_logp: torch.Tensor | None, cfg: Config) -> tuple[torch.Tensor, torch.Tensor]:
-    "Σ weights·(clipped surrogate) of a micro-batch via `prefix_policy_loss`, and the clipped flags [B, C]"
-    from bppo_kit.kernels import prefix_policy_loss
+def head_inputs(model, batch: dict, mask: torch.Tensor, temperature: float = 1.0) -> tuple:
+    "The fused loss's inputs for a packed batch: hidden states / T [N, H], the head's W [V, H], targets, mask [N]"
+    why = head_problem(model)
+    if why: raise ValueError(f"the fused loss needs a plain LM head, but {why}")
     P = batch["prompt_len"]
     hidden = model.get_decoder()(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                                  position_ids=batch["position_ids"], use_cache=False).last_hidden_state[:, P - 1:-1]
-    hidden = hidden / cfg.rollout.temperature  # = logits / T, since the head is linear
-    W = model.get_output_embeddings().weight
-    h, targets, m = hidden.reshape(-1, hidden.shape[-1]), batch["input_ids"][:, P:].reshape(-1), mask.reshape(-1)
-    kw = dict(impl=cfg.train.loss_kernel, return_stats=True)
-    if old_logp is None:
-        zeros = torch.zeros_like(m, dtype=torch.float32)
-        with torch.no_grad():
-            old_logp = prefix_policy_loss(h.detach(), W.detach(), targets, zeros, zeros, m,
-                                          **kw)[1]["logp"].view_as(mask)
-    folded = (adv * weights * mask.sum()).reshape(-1)  # the reduction's weights, folded into the (per-token) advantages
-    loss, stats = prefix_policy_loss(h, W, targets, old_logp.reshape(-1).float(), folded, m,
-                                     cfg.algo.eps_low, cfg.algo.eps_high, **kw)
-    return loss, stats["clipped"].view_as(mask)
+    hidden = hidden / temperature  # = logits / T, since the head is linear
+    return (hidden.reshape(-1, hidden.shape[-1]), model.get_output_embeddings().weight,
+            batch["input_ids"][:, P:].reshape(-1), mask.reshape(-1))
+
+@torch.no_grad()
+def kernel_logprobs(h: torch.Tensor, W: torch.Tensor, targets: torch.Tensor, m: torch.Tensor,
+                    impl: str) -> torch.Tensor:
+    "The log-probs [N] the fused kernel computes for the tokens in `m` (0 elsewhere), without gradient"
+    zeros = torch.zeros_like(m, dtype=torch.float32)
+    return prefix_policy_loss(h.detach(), W.detach(), targets, zeros, zeros, m, impl=impl, return_stats=True)[1]["logp"]
+
+def kernel_loss(model, batch: dict, mask: torch.Tensor, adv: torch.Tensor, weights: torch.Tensor,
+                old_logp: torch.Tensor | None, cfg: Config, tis=None) -> tuple:
+    "Σ weights·(clipped surrogate) via `prefix_policy_loss`; the clipped flags and the old log-probs [B, C]"
+    h, W, targets, m = head_inputs(model, batch, mask, cfg.rollout.temperature)
+    impl = cfg.train.loss_kernel
+    if old_logp is None: old_logp = kernel_logprobs(h, W, targets, m, impl).view_as(mask)
+    scale = weights * mask.sum() * (tis(old_logp) if tis is not None else 1.0)  # reduction and IS weights, per token
+    loss, stats = prefix_policy_loss(h, W, targets, old_logp.reshape(-1).float(), (adv * scale).reshape(-1), m,
+                                     cfg.algo.eps_low, cfg.algo.eps_high, impl=impl, return_stats=True)
+    return loss, stats["clipped"].view_as(mask), old_logp
+
+# %% ../nbs/10b_update.ipynb #82dfa1d8
+def tis_weights(old_logp: torch.Tensor, sample_logp: torch.Tensor, cap: float) -> torch.Tensor:
+    "Per-token truncated importance weights min(π_old / μ, cap), detached"
+    return torch.exp(old_logp.detach().float() - sample_logp.float()).clamp(max=cap)
+
+def sampler_kl(old_logp: torch.Tensor, sample_logp: torch.Tensor) -> torch.Tensor:
+    "Per-token k3 estimate of KL(μ ‖ π_old) on tokens sampled from μ"
+    return k3_kl(sample_logp.float(), old_logp.detach().float())
 
 # %% ../nbs/10b_update.ipynb #9d7d0838
 def micro_batch_loss(model, batch: dict, mask: torch.Tensor, adv: torch.Tensor, weights: torch.Tensor,
-                     old_logp: torch.Tensor | None, ref_logp: torch.Tensor | None, cfg: Config, surrogate):
-    "(loss, clipped [B, C], kl [B, C], entropy summed over trained tokens) of one micro-batch"
+                     old_logp: torch.Tensor | None, ref_logp: torch.Tensor | None, cfg: Config, surrogate,
+                     sample_logp: torch.Tensor | None = None) -> tuple:
+    "(loss, clipped [B, C], kl [B, C], entropy summed over trained tokens, old log-probs [B, C]) of one micro-batch"
+    cap = cfg.algo.tis_cap
+    tis = partial(tis_weights, sample_logp=sample_logp, cap=cap) if sample_logp is not None and cap > 0 else None
     if cfg.train.loss_kernel != "naive":
-        loss, clipped = kernel_loss(model, batch, mask, adv, weights, old_logp, cfg)
-        return loss, clipped, torch.zeros_like(weights), float("nan")
+        loss, clipped, old = kernel_loss(model, batch, mask, adv, weights, old_logp, cfg, tis)
+        return loss, clipped, torch.zeros_like(weights), float("nan"), old
     logp, ent = forward_logprobs(model, batch, cfg.rollout.temperature)
-    tok_loss, clipped = surrogate(logp, old_logp if old_logp is not None else logp.detach(), adv)
+    old = old_logp if old_logp is not None else logp.detach()
+    tok_loss, clipped = surrogate(logp, old, adv)
+    if tis is not None: tok_loss = tok_loss * tis(old)
     kl = k3_kl(logp, ref_logp) if ref_logp is not None else torch.zeros_like(logp)
     loss = ((tok_loss + cfg.algo.beta * kl) * weights).sum()
-    return loss, clipped, kl.detach(), (ent * mask).sum().item()
+    return loss, clipped, kl.detach(), (ent * mask).sum().item(), old
 
 # %% ../nbs/10b_update.ipynb #8c591b2c
 @torch.no_grad()
-def frozen_logprobs(model, batches: list, temperature: float) -> list[torch.Tensor]:
-    "Log-probs of each packed micro-batch's completion tokens, without gradient (old or reference policy)"
-    return [forward_logprobs(model, batch, temperature)[0] for batch, _, _ in batches]
+def policy_logprobs(model, batch: dict, mask: torch.Tensor, cfg: Config, kernel: bool | None = None) -> torch.Tensor:
+    "Log-probs [B, C] of a packed batch's completion tokens, computed as the loss path computes them, without gradient"
+    with autocast(cfg.model.dtype, batch["input_ids"].device):
+        if not (cfg.train.loss_kernel != "naive" if kernel is None else kernel):
+            return forward_logprobs(model, batch, cfg.rollout.temperature)[0]
+        h, W, targets, m = head_inputs(model, batch, mask, cfg.rollout.temperature)
+        return kernel_logprobs(h, W, targets, m, cfg.train.loss_kernel).view_as(mask)
 
 def update(model, opt, items: list[TrainItem], cfg: Config, pad_id: int, ref_model=None, surrogate=None) -> dict:
-    "PPO epochs over `items`; returns metrics (trained_tokens, clip_frac, kl, entropy, grad_norm, skipped, loss)"
+    "PPO epochs over `items`; returns metrics (trained_tokens, clip_frac, kl, entropy, grad_norm, skipped, loss, …)"
     tc, ac = cfg.train, cfg.algo
     surrogate = surrogate or partial(clipped_surrogate, eps_low=ac.eps_low, eps_high=ac.eps_high)
     with_kl = ref_model is not None and ac.beta > 0
@@ -96,26 +150,35 @@ def update(model, opt, items: list[TrainItem], cfg: Config, pad_id: int, ref_mod
     dev = next(model.parameters()).device
     batches = [micro_batch_tensors(live[i:i + tc.micro_batch], pad_id, dev)
                for i in range(0, len(live), tc.micro_batch)]
-    old = frozen_logprobs(model, batches, cfg.rollout.temperature) if tc.mu > 1 else [None] * len(batches)
-    ref = frozen_logprobs(ref_model, batches, cfg.rollout.temperature) if with_kl else [None] * len(batches)
+    none = [None] * len(batches)
+    old = [policy_logprobs(model, b, mk, cfg) for b, mk, _, _ in batches] if tc.mu > 1 else none
+    ref = [policy_logprobs(ref_model, b, mk, cfg, kernel=False) for b, mk, _, _ in batches] if with_kl else none
     model.train()
     for _ in range(tc.mu):
         opt.zero_grad(set_to_none=True)
-        tot = dict(loss=0.0, clip=0.0, kl=0.0, ent=0.0, tok=0)
-        for (batch, mask, adv), old_lp, ref_lp in zip(batches, old, ref):
+        tot = dict(loss=0.0, clip=0.0, kl=0.0, ent=0.0, tok=0, skl=0.0, capped=0.0)
+        for (batch, mask, adv, sample), old_lp, ref_lp in zip(batches, old, ref):
             weights = token_weights(mask, ac.reduction, n_seqs, n_tokens, cfg.rollout.max_new_tokens)
-            loss, clipped, kl, ent = micro_batch_loss(model, batch, mask, adv, weights, old_lp, ref_lp, cfg, surrogate)
-            loss.backward()
+            with autocast(cfg.model.dtype, dev):
+                loss, clipped, kl, ent, o = micro_batch_loss(model, batch, mask, adv, weights, old_lp, ref_lp, cfg,
+                                                             surrogate, sample)
+            loss.backward()  # outside autocast, as PyTorch recommends
             mf = mask.float()
             tot["loss"] += loss.item(); tot["tok"] += int(mf.sum())
             tot["clip"] += (clipped.float() * mf).sum().item(); tot["kl"] += (kl * mf).sum().item(); tot["ent"] += ent
+            if sample is not None:
+                tot["skl"] += (sampler_kl(o, sample) * mf).sum().item()
+                tot["capped"] += ((tis_weights(o, sample, ac.tis_cap) >= ac.tis_cap) * mf).sum().item()
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
         if not (math.isfinite(tot["loss"]) and torch.isfinite(grad_norm)):
             opt.zero_grad(set_to_none=True); mets["skipped"] += 1
         else: opt.step()
         mets["trained_tokens"] += tot["tok"]
-        ent = tot["ent"] / max(tot["tok"], 1)
-        mets.update(loss=tot["loss"], grad_norm=grad_norm.item(), clip_frac=tot["clip"] / max(tot["tok"], 1),
-                    kl=tot["kl"] / max(tot["tok"], 1), entropy=ent if math.isfinite(ent) else None)
+        n = max(tot["tok"], 1)
+        ent = tot["ent"] / n
+        mets.update(loss=tot["loss"], grad_norm=grad_norm.item(), clip_frac=tot["clip"] / n, kl=tot["kl"] / n,
+                    entropy=ent if math.isfinite(ent) else None)
+        if batches[0][3] is not None:
+            mets.update(sampler_kl=tot["skl"] / n, tis_capped=tot["capped"] / n if ac.tis_cap > 0 else None)
     model.eval()
     return mets
