@@ -28,6 +28,9 @@ class ModelConfig:
     # the compute dtype: bfloat16/float16 = autocast over float32 master weights (the policy lesson); bf16 on GPUs
     dtype: str = param("float32", choices=["float32", "bfloat16", "float16"])
     gradient_checkpointing: bool = False  # trade compute for memory on long responses
+    lora_r: int = param(0, ge=0)  # > 0: train a LoRA adapter of this rank (peft) instead of every weight
+    lora_alpha: int = param(32, ge=1)  # the adapter's update is scaled by lora_alpha / lora_r
+    lora_target: str = "all-linear"  # the linear layers that get adapters: all-linear, or names like q_proj,v_proj
 
 @dataclass
 class DataConfig:

@@ -14,7 +14,8 @@ from .data import DataError
 
 # %% auto #0
 __all__ = ['CHARS', 'SPECIALS', 'DTYPES', 'char_tokenizer', 'tiny_config', 'load_tokenizer', 'resolve_policy_path', 'load_policy',
-           'autocast', 'generation_copy', 'copy_weights', 'pack', 'token_logprobs', 'completion_logprobs']
+           'is_peft', 'add_lora', 'merged_state_dict', 'autocast', 'generation_copy', 'copy_weights', 'pack',
+           'token_logprobs', 'completion_logprobs']
 
 # %% ../nbs/03_policy.ipynb #3b5f0132
 CHARS = string.digits + string.ascii_letters + " +-*/()=#.,:;?!'\n$\\{}^_<>[]%&|~\"@`"
@@ -56,19 +57,57 @@ def resolve_policy_path(name_or_path: str) -> str:
     "'tiny' -> the shipped checkpoint folder; anything else unchanged"
     return str(data_dir() / "tiny_policy") if name_or_path == "tiny" else name_or_path
 
-def load_policy(name_or_path: str = "tiny", # "tiny", a hub id, or a local checkpoint folder
+def load_policy(name_or_path: str = "tiny", # "tiny", a hub id, a local checkpoint folder, or a LoRA adapter folder
                 dtype: str = "float32", # a key of `DTYPES`
-                device: str = "cpu"): # where the weights go
+                device: str = "cpu", # where the weights go
+                merge: bool = True): # an adapter folder: merge it into its base (False: the peft model, to train)
     "`(model, tokenizer)` ready for generation: eval mode, left padding, a pad token"
     path = resolve_policy_path(name_or_path)
     local = Path(path)
+    adapter = (local / "adapter_config.json").is_file() and not (local / "config.json").is_file()
     named_local = name_or_path == "tiny" or local.is_absolute() or path.startswith(".")
-    if named_local and not (local / "config.json").is_file():
+    if named_local and not adapter and not (local / "config.json").is_file():
         hint = " (make it with `bppo sft --preset tiny`)" if name_or_path == "tiny" else ""
         raise DataError(f"no model checkpoint at {local}{hint}")
     tok = load_tokenizer(path)
+    if adapter:
+        from peft import PeftModel
+        base_path = json.loads((local / "adapter_config.json").read_text())["base_model_name_or_path"]
+        base = AutoModelForCausalLM.from_pretrained(resolve_policy_path(base_path), dtype=DTYPES[dtype]).to(device)
+        model = PeftModel.from_pretrained(base, path)
+        return (model.merge_and_unload() if merge else model).eval(), tok
     model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype]).to(device).eval()
     return model, tok
+
+# %% ../nbs/03_policy.ipynb #e459191a
+def is_peft(model) -> bool:
+    "Whether `model` is a peft model (an adapter over a base model)"
+    return hasattr(model, "peft_config") and hasattr(model, "get_base_model")
+
+def add_lora(model, r: int, # the adapter's rank
+             alpha: int, # LoRA's alpha: the update is scaled by alpha / r
+             target: str = "all-linear"): # "all-linear", or comma-separated module names (q_proj,v_proj,...)
+    "`model` with a fresh LoRA adapter (peft); only the adapter's weights train"
+    try: from peft import LoraConfig, get_peft_model
+    except ImportError: raise DataError("model.lora_r: LoRA needs peft (pip install 'bppo_kit[lora]')") from None
+    modules = target if target == "all-linear" else [m.strip() for m in target.split(",") if m.strip()]
+    return get_peft_model(model, LoraConfig(r=r, lora_alpha=alpha, target_modules=modules, lora_dropout=0.0,
+                                            task_type="CAUSAL_LM"))
+
+@torch.no_grad()
+def merged_state_dict(model) -> dict:
+    "`model`'s state dict as a plain model's: for a peft model, base weights plus the adapters' deltas, no LoRA keys"
+    if not is_peft(model): return model.state_dict()
+    from peft.tuners.lora import LoraLayer
+    base = model.get_base_model()
+    deltas = {f"{n}.weight": sum(m.get_delta_weight(a) for a in m.active_adapters)
+              for n, m in base.named_modules() if isinstance(m, LoraLayer)}
+    out = {}
+    for k, v in base.state_dict().items():
+        if ".lora_" in k: continue
+        k = k.replace(".base_layer.", ".")
+        out[k] = v + deltas[k].to(v.dtype) if k in deltas else v
+    return out
 
 # %% ../nbs/03_policy.ipynb #da289803
 def autocast(dtype: str, # a key of `DTYPES`: the compute dtype
@@ -77,17 +116,20 @@ def autocast(dtype: str, # a key of `DTYPES`: the compute dtype
     return torch.autocast(torch.device(device).type, dtype=DTYPES[dtype], enabled=dtype != "float32")
 
 def generation_copy(model, dtype: str):
-    "`model` itself if its weights are in `dtype`, else a frozen copy stored in `dtype` for engines to decode with"
-    if next(model.parameters()).dtype == DTYPES[dtype]: return model
-    gen = copy.deepcopy(model).to(DTYPES[dtype]).eval()
-    return gen.requires_grad_(False)
+    "`model` itself if it is plain and in `dtype`, else a frozen plain copy (LoRA merged) stored in `dtype`"
+    if not is_peft(model) and next(model.parameters()).dtype == DTYPES[dtype]: return model
+    if not is_peft(model): return copy.deepcopy(model).to(DTYPES[dtype]).eval().requires_grad_(False)
+    base = model.get_base_model()
+    gen = AutoModelForCausalLM.from_config(base.config, dtype=DTYPES[dtype]).to(next(model.parameters()).device)
+    copy_weights(gen, model)
+    return gen.eval().requires_grad_(False)
 
 @torch.no_grad()
 def copy_weights(dst, src):
-    "Copy `src`'s weights (and buffers) into `dst`, casting to `dst`'s dtypes; nothing to do if they are one model"
+    "Copy `src`'s weights (LoRA merged) and buffers into `dst`, cast to `dst`'s dtypes; nothing to do if one model"
     if dst is src: return
     d = dst.state_dict()
-    for k, v in src.state_dict().items(): d[k].copy_(v)
+    for k, v in merged_state_dict(src).items(): d[k].copy_(v)
 
 # %% ../nbs/03_policy.ipynb #d8dd7581
 def pack(prompts: list[list[int]], # prompt token ids, one list per sequence

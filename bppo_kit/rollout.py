@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 from .core import Completion, Request, SamplingParams
-from .policy import token_logprobs
+from .policy import merged_state_dict, token_logprobs
 
 # %% auto #0
 __all__ = ['trim', 'encode_prompts', 'stop_ids', 'HFEngine', 'hf_batch_available', 'HFBatchEngine', 'idle_fraction', 'mix32',
@@ -635,7 +635,7 @@ class VLLMEngine:
     def sync_weights(self, model=None):
         "Load `model`'s (default: the training model's) weights into the engine, in memory; reset the prefix cache"
         model = model if model is not None else self.model
-        weights = [(k, v.detach()) for k, v in model.state_dict().items()]
+        weights = [(k, v.detach()) for k, v in merged_state_dict(model).items()]  # a LoRA adapter merged in
         self._wake(("weights",))  # the KV cache sleeps on until the next generate
         self.last_sync = VLLMCompat.load_weights(self.llm, weights)
         self.llm.reset_prefix_cache()

@@ -12,7 +12,7 @@ from tqdm.auto import tqdm
 from .config import Config, ConfigError
 from .core import Algorithm, SamplingParams, algorithm_class, make_algorithm
 from .evaluate import eval_examples, evaluate
-from .policy import copy_weights, generation_copy, load_policy
+from .policy import add_lora, copy_weights, generation_copy, is_peft, load_policy
 from .runs import (RunDir, append_jsonl, load_trainer_state, open_run, read_jsonl_rows, save_checkpoint,
                            set_rng_state, truncate_metrics)
 from .sampler import Sampler, make_engine, step_seed
@@ -20,7 +20,7 @@ from .update import check_fused_head, update
 import bppo_kit.bppo, bppo_kit.grpo, bppo_kit.tppo  # noqa: F401 -- the built-in algorithms register themselves
 
 # %% auto #0
-__all__ = ['lr_at', 'device_of', 'Session', 'check_precision', 'setup', 'train_step', 'evaluate_step', 'train']
+__all__ = ['lr_at', 'device_of', 'Session', 'check_precision', 'with_lora', 'setup', 'train_step', 'evaluate_step', 'train']
 
 # %% ../nbs/11_trainer.ipynb #ef0a4107
 def lr_at(step: int, lr: float, warmup_steps: int = 0) -> float:
@@ -50,21 +50,35 @@ def check_precision(cfg: Config):
         raise ConfigError("model.dtype: float16 training needs loss scaling, which the kit does not do; "
                           "use bfloat16 or float32 (evaluation runs in float16)")
 
+def with_lora(model, cfg: Config):
+    "The model to train: `model` itself, or with a LoRA adapter (a fresh one, or the checkpoint's made trainable)"
+    m = cfg.model
+    if not m.lora_r:
+        if is_peft(model): raise ConfigError("model.lora_r: the checkpoint is a LoRA adapter; resume with lora_r > 0")
+        return model
+    if not is_peft(model): model = add_lora(model, m.lora_r, m.lora_alpha, m.lora_target)
+    for n, p in model.named_parameters(): p.requires_grad_(".lora_" in n)
+    if m.gradient_checkpointing: model.enable_input_require_grads()  # frozen embeddings: let checkpoints get a grad
+    return model
+
 def setup(cfg: Config, run: RunDir, resume: bool = False) -> Session:
     "Seed, load the policy (from the run's checkpoint when resuming), and build optimizer, reference, algorithm, engine"
     t, dev = cfg.train, device_of(cfg)
     check_precision(cfg)
     torch.manual_seed(t.seed); random.seed(t.seed); np.random.seed(t.seed)
     state = load_trainer_state(run.checkpoint) if resume and run.state.exists() else None
-    # float32 master weights whatever the compute dtype (the policy lesson)
-    model, tok = load_policy(str(run.checkpoint) if state else cfg.model.name_or_path, "float32", dev)
+    # float32 master weights whatever the compute dtype (the policy lesson); a LoRA run's checkpoint is an adapter
+    model, tok = load_policy(str(run.checkpoint) if state else cfg.model.name_or_path, "float32", dev, merge=False)
     check_fused_head(model, t.loss_kernel)
     ctx = getattr(model.config, "max_position_embeddings", None)
     if ctx and cfg.rollout.max_new_tokens >= ctx:
         raise ConfigError(f"rollout.max_new_tokens: {cfg.rollout.max_new_tokens} "
                           f"does not fit the model's context of {ctx}")
-    if cfg.model.gradient_checkpointing: model.gradient_checkpointing_enable()
-    opt = torch.optim.AdamW(model.parameters(), lr=t.lr, betas=(0.9, 0.99), weight_decay=0.0)
+    model = with_lora(model, cfg)
+    if cfg.model.gradient_checkpointing:  # transformers 5 renamed it
+        (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=t.lr, betas=(0.9, 0.99), weight_decay=0.0)
     if state is not None: opt.load_state_dict(state["optimizer"]); set_rng_state(state["rng"])
     ref = load_policy(cfg.model.name_or_path, cfg.model.dtype, dev)[0] if cfg.algo.beta > 0 else None
     algo = make_algorithm(cfg, model)
