@@ -16,8 +16,9 @@ close to the current ones (as right after a rollout), seed 0.
   with mmap (`MALLOC_MMAP_THRESHOLD_=65536`), so freed tensors leave the resident set at once and a tensor freed early
   cannot hide in, or inflate, a later peak. This counts pages actually touched, which every PyTorch tensor here is.
 - CUDA (when available; not run where the kit was developed): bfloat16 at H=1536, V=151936 (Qwen2.5's vocabulary),
-  N=16384: naive vs Triton (and Liger-Kernel's `LigerFusedLinearGRPOLoss` when importable), time by CUDA events,
-  memory by `torch.cuda.max_memory_allocated()` above the inputs.
+  N=16384: naive vs chunked vs Triton (and Liger-Kernel's `LigerFusedLinearGRPOLoss` when importable), time by CUDA
+  events, memory by `torch.cuda.max_memory_allocated()` above the inputs (`measure`, also used by
+  `benchmarks/gpu_check.py`).
 
 Acceptance targets at the CPU shape: chunked peak memory >= 4x below naive, time no worse than 1.5x naive.
 """
@@ -98,11 +99,47 @@ def cpu_bench(a):
           f" time: chunked/naive = {out['time_ratio']:.2f} (target <= 1.5)")
     return out
 
+class Peak:
+    "Peak memory above a baseline: CUDA's allocator on a GPU; on a CPU the resident set's high-water mark (Linux)"
+    def __init__(self, device: str = "cuda"): self.cuda, self.base = str(device).startswith("cuda"), 0
+
+    def reset(self):
+        "Take the current memory as the baseline and forget the peak so far"
+        if self.cuda:
+            torch.cuda.synchronize(); torch.cuda.reset_peak_memory_stats(); self.base = torch.cuda.memory_allocated()
+        else:
+            gc.collect(); Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
+            self.base = _status("VmRSS")
+
+    def read(self) -> tuple[int, int]:
+        "(peak above the baseline, peak in all) in bytes since the last `reset`"
+        if self.cuda: torch.cuda.synchronize(); total = torch.cuda.max_memory_allocated()
+        else: total = _status("VmHWM")
+        return max(0, total - self.base), total
+
+def measure(fn, repeats: int = 3, device: str = "cuda", reset=None) -> dict:
+    "After a warm-up call of `fn` and `reset()`: one call's peak memory above its start, the median time of `repeats`"
+    fn()
+    if reset: reset()
+    cuda = str(device).startswith("cuda")
+    if cuda: torch.cuda.empty_cache()
+    peak = Peak(device); peak.reset()
+    loss = fn()
+    extra = peak.read()[0]
+    ts = []
+    for _ in range(repeats):
+        if cuda:
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record(); fn(); e.record(); torch.cuda.synchronize(); ts.append(s.elapsed_time(e) / 1e3)
+        else:
+            t0 = time.perf_counter(); fn(); ts.append(time.perf_counter() - t0)
+    return dict(peak_bytes=extra, time_s=statistics.median(ts), times_s=ts, loss=loss)
+
 def gpu_bench(a):
-    "naive vs Triton (vs Liger when installed) on CUDA in bfloat16"
+    "naive vs chunked vs Triton (vs Liger when installed) on CUDA in bfloat16"
     N, H, V = (2048, 512, 32000) if a.small else (16384, 1536, 151936)
     x = make_inputs(N, H, V, torch.bfloat16, "cuda", seq=1024)
-    impls = {"naive": lambda: step(x, "naive"), "triton": lambda: step(x, "triton")}
+    impls = {k: (lambda k=k: step(x, k)) for k in ("naive", "chunked", "triton")}
     try:
         from liger_kernel.chunked_loss import LigerFusedLinearGRPOLoss
         B = N // 1024
@@ -118,21 +155,12 @@ def gpu_bench(a):
         impls["liger"] = liger
     except ImportError as e: print(f"liger-kernel not importable ({e}); skipped")
     res = {}
+    def clear(): x["hidden"].grad = x["weight"].grad = None
     for name, fn in impls.items():
-        try:
-            fn(); x["hidden"].grad = x["weight"].grad = None
-            torch.cuda.synchronize(); torch.cuda.empty_cache(); torch.cuda.reset_peak_memory_stats()
-            base = torch.cuda.memory_allocated()
-            loss = fn(); torch.cuda.synchronize()
-            peak = torch.cuda.max_memory_allocated() - base
-            ts = []
-            for _ in range(a.repeats):
-                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                s.record(); fn(); e.record(); torch.cuda.synchronize(); ts.append(s.elapsed_time(e) / 1e3)
-            res[name] = dict(peak_bytes=peak, time_s=statistics.median(ts), loss=loss)
+        try: res[name] = measure(fn, a.repeats, "cuda", reset=clear)
         except Exception as e:  # one failing implementation must not hide the others' numbers
             res[name] = dict(error=f"{type(e).__name__}: {e}"[:500])
-        x["hidden"].grad = x["weight"].grad = None
+        clear()
         torch.cuda.empty_cache()
     print(f"\nCUDA ({torch.cuda.get_device_name()}), N={N} H={H} V={V}, 50% masked, bfloat16; "
           f"fwd+bwd, median of {a.repeats}")
