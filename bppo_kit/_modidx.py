@@ -271,6 +271,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                   'bppo_kit.sampler.PromptSource.extra': ('sampler.html#promptsource.extra', 'bppo_kit/sampler.py'),
                                   'bppo_kit.sampler.Sampler': ('sampler.html#sampler', 'bppo_kit/sampler.py'),
                                   'bppo_kit.sampler.Sampler.__init__': ('sampler.html#sampler.__init__', 'bppo_kit/sampler.py'),
+                                  'bppo_kit.sampler.Sampler.encode': ('sampler.html#sampler.encode', 'bppo_kit/sampler.py'),
                                   'bppo_kit.sampler.Sampler.groups': ('sampler.html#sampler.groups', 'bppo_kit/sampler.py'),
                                   'bppo_kit.sampler.Sampler.params': ('sampler.html#sampler.params', 'bppo_kit/sampler.py'),
                                   'bppo_kit.sampler.Sampler.resample': ('sampler.html#sampler.resample', 'bppo_kit/sampler.py'),
