@@ -36,7 +36,7 @@ def cmd_eval(args, cfg: Config) -> int:
     r = cfg.rollout
     sp = SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_new_tokens=r.max_new_tokens,
                         seed=cfg.train.seed, logprobs=False)
-    res = evaluate(model, tok, ex, samples=args.samples, sampling=sp, progress=not args.quiet)
+    res = evaluate(model, tok, ex, samples=args.samples, sampling=sp, progress=not args.quiet, data=cfg.data)
     res["checkpoint"] = str(args.checkpoint or cfg.model.name_or_path)
     for k, v in res.items(): print(f"{k:>28}  {_fmt(v)}")
     if args.json:
@@ -87,7 +87,8 @@ def cmd_probe(args, cfg: Config) -> int:
     model, tok = load_policy(args.checkpoint or cfg.model.name_or_path, "float32")
     r = cfg.rollout
     res = probe(model, tok, ex, HFEngine(model, tok, progress=not args.quiet), r.group_size,
-                SamplingParams(r.temperature, r.top_p, r.top_k, r.max_new_tokens, seed=cfg.train.seed, logprobs=False))
+                SamplingParams(r.temperature, r.top_p, r.top_k, r.max_new_tokens, seed=cfg.train.seed, logprobs=False),
+                data=cfg.data)
     summary = {k: v for k, v in res.items() if k not in ("pairs", "groups")}
     for k, v in summary.items(): print(f"{k:>16}  {_fmt(v)}")
     if args.json:

@@ -40,6 +40,9 @@ class DataConfig:
     eval_path: str = ""  # eval set as local JSONL; "" = the task's default (data/synthetic_eval.jsonl for synthetic)
     eval_size: int = param(200, ge=0)  # eval problems used; 0 = all of them
     seed: int = param(0, ge=0, lt=2**32)  # seeds prompt order and the synthetic generator
+    # plain: the prompt text as it is (base models); chat: the tokenizer's chat template (instruct models)
+    prompt_format: str = param("plain", choices=["plain", "chat"])
+    system_prompt: str = ""  # system message of prompts that bring none; "" = none (plain: text before the prompt)
 
 @dataclass
 class RolloutConfig:
@@ -246,10 +249,19 @@ def _gpu(model: str, task: str, group: int, max_new: int, out: str) -> Config:
     c.train.steps, c.train.out, c.train.eval_every, c.train.save_every = 300, out, 25, 25
     return c
 
+def _chat(c: Config, system_prompt: str) -> Config:
+    "`c` for an instruct model: prompts through the tokenizer's chat template, with `system_prompt`"
+    c.data.prompt_format, c.data.system_prompt = "chat", system_prompt
+    return c
+
 PRESETS = {
     "tiny": Config,  # the shipped policy's SFT (the `sft` section) and its eval
     "cpu-demo": _cpu_demo,
-    "gsm8k-qwen2.5-0.5b": lambda: _gpu("Qwen/Qwen2.5-0.5B-Instruct", "gsm8k", 8, 1024, "runs/gsm8k-qwen2.5-0.5b"),
+    # an instruct model: its chat template. The GSM8K prompt asks for the answer after '####'; a system prompt asking
+    # for \boxed{} would contradict it (the verifier's gsm8k rule takes either anchor, whichever comes last)
+    "gsm8k-qwen2.5-0.5b": lambda: _chat(_gpu("Qwen/Qwen2.5-0.5B-Instruct", "gsm8k", 8, 1024,
+                                             "runs/gsm8k-qwen2.5-0.5b"), "You are a helpful assistant."),
+    # a base model: plain text prompts, as R1-Zero-style runs on it use
     "math-qwen2.5-1.5b": lambda: _gpu("Qwen/Qwen2.5-Math-1.5B", "math", 8, 3072, "runs/math-qwen2.5-1.5b"),
 }
 

@@ -11,10 +11,10 @@ from typing import Iterator
 from .config import data_dir, shared_data_dir
 
 # %% auto #0
-__all__ = ['OPS', 'SYNTHETIC_EVAL_SEED', 'SYNTHETIC_EVAL_SIZE', 'MATH_TEMPLATE', 'GSM8K_TEMPLATE', 'TASKS', 'Example', 'Problem',
-           'make_problem', 'synthetic_prompt', 'make_trace', 'style_of', 'synthetic_example', 'make_synthetic_eval',
-           'synthetic_stream', 'DataError', 'read_jsonl', 'write_jsonl', 'load_synthetic_eval', 'row_to_example',
-           'load_task']
+__all__ = ['OPS', 'SYNTHETIC_EVAL_SEED', 'SYNTHETIC_EVAL_SIZE', 'ROLES', 'MATH_TEMPLATE', 'GSM8K_TEMPLATE', 'TASKS', 'Example',
+           'Problem', 'make_problem', 'synthetic_prompt', 'make_trace', 'style_of', 'synthetic_example',
+           'make_synthetic_eval', 'synthetic_stream', 'DataError', 'read_jsonl', 'write_jsonl', 'load_synthetic_eval',
+           'check_messages', 'conversation', 'prompt_messages', 'prompt_text', 'row_to_example', 'load_task']
 
 # %% ../nbs/02_data.ipynb #37bccd58
 @dataclass
@@ -23,6 +23,7 @@ class Example:
     answer: str  # the gold final answer, bare ("29", "\\frac{1}{2}")
     task: str = "synthetic"  # selects the verifier's extraction policy
     meta: dict = field(default_factory=dict)  # anything else: the expression, a reference solution, a level…
+    messages: list[dict] | None = None  # a conversation (TRL's [{"role", "content"}, ...]); `prompt` is then its text
 
 # %% ../nbs/02_data.ipynb #6e37ae3d
 OPS = "+-*"
@@ -146,6 +147,45 @@ def load_synthetic_eval(path=None) -> list[Example]:
     "The shipped eval set (`data/synthetic_eval.jsonl`) or the one at `path`"
     return [Example(**r) for r in read_jsonl(path or data_dir() / "synthetic_eval.jsonl")]
 
+# %% ../nbs/02_data.ipynb #6b2e3f02
+ROLES = ("system", "user", "assistant")
+
+def check_messages(msgs, # a row's `prompt` given as a list of messages
+                   where: str = "prompt") -> list[dict]: # names the row in errors
+    "`msgs` as a list of `{'role', 'content'}` dicts (other keys dropped); `DataError` naming what is wrong"
+    if not isinstance(msgs, list) or not msgs:
+        raise DataError(f"{where}: expected a string or a non-empty list of messages, got {msgs!r:.80}")
+    out = []
+    for i, m in enumerate(msgs):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+            raise DataError(f"{where}: message {i} must be a dict with string 'role' and 'content', got {m!r:.80}")
+        if m["role"] not in ROLES:
+            raise DataError(f"{where}: message {i} has role {m['role']!r}; roles are {', '.join(ROLES)}")
+        if m["role"] == "system" and i: raise DataError(f"{where}: message {i}: a system message must come first")
+        out.append({"role": m["role"], "content": m["content"]})
+    if out[-1]["role"] != "user":
+        raise DataError(f"{where}: the last message must be the user's (the model answers it), not {out[-1]['role']!r}")
+    return out
+
+def conversation(prompt, # a row's `prompt`: a string, or a list of messages
+                 where: str = "prompt") -> dict:
+    "The `Example` fields `prompt` and `messages` of a row's `prompt` (a string stays as it is)"
+    if isinstance(prompt, str): return dict(prompt=prompt, messages=None)
+    msgs = check_messages(prompt, where)
+    return dict(prompt="\n\n".join(m["content"] for m in msgs), messages=msgs)
+
+# %% ../nbs/02_data.ipynb #9e5b6c05
+def prompt_messages(ex: Example, system_prompt: str = "") -> list[dict]:
+    "The chat messages of `ex` (its own, or its prompt as the user's), after `system_prompt` where it has no system one"
+    msgs = ex.messages if ex.messages is not None else [{"role": "user", "content": ex.prompt}]
+    if system_prompt and msgs[0]["role"] != "system": msgs = [{"role": "system", "content": system_prompt}, *msgs]
+    return [dict(m) for m in msgs]
+
+def prompt_text(ex: Example, system_prompt: str = "") -> str:
+    "The plain-format text of `ex`: its `prompt`, after `system_prompt` where it has no system message"
+    own = ex.messages is not None and ex.messages[0]["role"] == "system"
+    return f"{system_prompt}\n\n{ex.prompt}" if system_prompt and not own else ex.prompt
+
 # %% ../nbs/02_data.ipynb #efd0800b
 MATH_TEMPLATE = "{question}\nPlease reason step by step, and put your final answer within \\boxed{{}}."
 GSM8K_TEMPLATE = "{question}\nPlease reason step by step, and give the final answer after '####'."
@@ -167,14 +207,16 @@ def row_to_example(row: dict, task: str) -> Example:
     "One data-set row as an `Example` (the gold answer bare: GSM8K's text after `####`, AIME's '025' as '25')"
     _, _, q, a, tmpl = TASKS[task]
     question = row.get(q) or row.get("question") or row.get("problem")
-    if question is None or row.get(a) is None:
-        raise DataError(f"{task} row has no {q!r}/{a!r} field: keys {sorted(row)}")
+    if (question is None and "prompt" not in row) or row.get(a) is None:
+        raise DataError(f"{task} row has no {q!r} (or 'prompt') / {a!r} field: keys {sorted(row)}")
     ans = str(row[a])
     if task == "gsm8k": ans = ans.split("####")[-1].strip().replace(",", "")
     if task == "aime24" and ans.isdigit(): ans = str(int(ans))
     if task == "amc23" and ans.endswith(".0"): ans = ans[:-2]
-    meta = {k: v for k, v in row.items() if k not in (q, a) and isinstance(v, (str, int, float, type(None)))}
-    return Example(tmpl.format(question=question), ans, task, meta)
+    meta = {k: v for k, v in row.items() if k not in (q, a, "prompt") and isinstance(v, (str, int, float, type(None)))}
+    # TRL's `prompt` column (a string or messages) as it is; else the task's template around the question
+    text = conversation(row["prompt"]) if "prompt" in row else dict(prompt=tmpl.format(question=question))
+    return Example(answer=ans, task=task, meta=meta, **text)
 
 def load_task(task: str, # a key of `TASKS`, or "synthetic"
               split: str = "train", # train | test (| val for geo3k)
@@ -188,10 +230,13 @@ def load_task(task: str, # a key of `TASKS`, or "synthetic"
     local, hub, *_ = TASKS[task]
     if path is None and split not in local:  # eval-only sets are never trained on by accident
         raise DataError(f"{task} has no {split!r} split here (it has: {', '.join(local)}); give a file with data.path")
-    if path is None or Path(path).suffix == ".jsonl" or Path(path).exists():
-        rows = read_jsonl(path or shared_data_dir() / local[split])
-    else: rows = _load_hub(str(path), split, hub)
-    ex = [row_to_example(r, task) for r in rows]
+    src = path or shared_data_dir() / local[split]
+    rows = (read_jsonl(src) if path is None or Path(path).suffix == ".jsonl" or Path(path).exists()
+            else _load_hub(str(path), split, hub))
+    ex = []
+    for i, r in enumerate(rows, 1):
+        try: ex.append(row_to_example(r, task))
+        except DataError as e: raise DataError(f"{src} row {i}: {e}") from None
     kept = [e for e in ex if e.answer.strip()]  # a row without a gold answer cannot be graded (MATH train has two)
     if len(kept) < len(ex):
         warnings.warn(f"{task}: dropped {len(ex) - len(kept)} rows with an empty answer", stacklevel=2)

@@ -6,8 +6,9 @@
 from __future__ import annotations
 import time
 from statistics import mean
-from .config import Config
+from .config import Config, DataConfig
 from .data import Example, load_synthetic_eval, load_task, style_of
+from .policy import prompt_ids
 from .rollout import Completion, HFEngine, SamplingParams
 from .verifier import score
 
@@ -50,12 +51,13 @@ def evaluate(model, tok, examples: list[Example], # the eval prompts
              sampling: SamplingParams | None = None, # temperature 1, 160 new tokens by default
              greedy: bool = True, # also grade one greedy completion per prompt
              engine=None, # an engine with `generate(prompts, n, sampling)`; default `HFEngine`
-             progress: bool = False) -> dict: # show a progress bar
+             progress: bool = False, # show a progress bar
+             data: DataConfig | None = None) -> dict: # how prompts are formatted (`prompt_ids`); None = plain text
     "Sample and grade `examples`; the summary dict `bppo eval` writes"
     sp = sampling or SamplingParams(logprobs=False)
     eng = engine or HFEngine(model, tok, progress=progress)
     t0 = time.time()
-    prompts = [e.prompt for e in examples]
+    prompts = [prompt_ids(tok, e, data) for e in examples]
     r = summarize(examples, eng.generate(prompts, samples, sp), samples, tok.eos_token_id)
     if greedy:
         gs = eng.generate(prompts, 1, SamplingParams(temperature=0, max_new_tokens=sp.max_new_tokens, logprobs=False))

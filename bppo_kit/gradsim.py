@@ -6,8 +6,9 @@
 from __future__ import annotations
 import torch
 from matplotlib.figure import Figure
+from .config import DataConfig
 from .grpo import group_advantages
-from .policy import completion_logprobs, pack
+from .policy import completion_logprobs, pack, prompt_ids
 from .sampler import score_rollout
 
 # %% auto #0
@@ -50,9 +51,10 @@ def per_completion_grads(model, completions: list, # `Completion`s of one or mor
 
 # %% ../nbs/06_gradsim.ipynb #8dd3c7d1
 def probe(model, tok, examples: list, engine, group_size: int = 8, sampling=None,
-          params: list[str] | None = None) -> dict:
+          params: list[str] | None = None,
+          data: DataConfig | None = None) -> dict: # how prompts are formatted (`prompt_ids`); None = plain text
     "Gradient-similarity statistics of the mixed groups of `examples`"
-    cs = engine.generate([e.prompt for e in examples], group_size, sampling)
+    cs = engine.generate([prompt_ids(tok, e, data) for e in examples], group_size, sampling)
     ro = score_rollout(examples, cs, group_size, tok.eos_token_id)
     adv = group_advantages(ro.rewards)
     groups, pairs = [], {"cc": [], "ii": [], "ci": []}

@@ -7,15 +7,16 @@ from __future__ import annotations
 import copy, json, string
 from pathlib import Path
 import torch
-from tokenizers import Tokenizer, Regex, decoders, models, pre_tokenizers
+from tokenizers import Tokenizer, Regex, decoders, models, pre_tokenizers, processors
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast, Qwen2Config
-from .config import data_dir
-from .data import DataError
+from .config import ConfigError, DataConfig, data_dir
+from .data import DataError, Example, prompt_messages, prompt_text
 
 # %% auto #0
-__all__ = ['CHARS', 'SPECIALS', 'DTYPES', 'char_tokenizer', 'tiny_config', 'load_tokenizer', 'resolve_policy_path', 'load_policy',
-           'is_peft', 'add_lora', 'merged_state_dict', 'autocast', 'generation_copy', 'copy_weights', 'pack',
-           'token_logprobs', 'completion_logprobs']
+__all__ = ['CHARS', 'SPECIALS', 'DTYPES', 'CHATML_TEMPLATE', 'char_tokenizer', 'tiny_config', 'load_tokenizer',
+           'resolve_policy_path', 'load_policy', 'is_peft', 'add_lora', 'merged_state_dict', 'autocast',
+           'generation_copy', 'copy_weights', 'chat_tokenizer', 'prompt_ids', 'pack', 'token_logprobs',
+           'completion_logprobs']
 
 # %% ../nbs/03_policy.ipynb #3b5f0132
 CHARS = string.digits + string.ascii_letters + " +-*/()=#.,:;?!'\n$\\{}^_<>[]%&|~\"@`"
@@ -130,6 +131,37 @@ def copy_weights(dst, src):
     if dst is src: return
     d = dst.state_dict()
     for k, v in merged_state_dict(src).items(): d[k].copy_(v)
+
+# %% ../nbs/03_policy.ipynb #e2b3c4d5
+CHATML_TEMPLATE = ("{% if bos_token %}{{ bos_token }}{% endif %}"
+                   "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                   "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+def chat_tokenizer(chars: str = CHARS, # the characters, as for `char_tokenizer`
+                   bos: bool = False) -> PreTrainedTokenizerFast: # start every encoding with `<s>`, as Llama's do
+    "`char_tokenizer` with ChatML's `<|im_start|>`, `<|im_end|>` (and `<s>`) after its own tokens; a ChatML template"
+    tk = char_tokenizer(chars).backend_tokenizer
+    tk.add_special_tokens(["<|im_start|>", "<|im_end|>"] + (["<s>"] if bos else []))
+    if bos: tk.post_processor = processors.TemplateProcessing(single="<s> $A",
+                                                              special_tokens=[("<s>", tk.token_to_id("<s>"))])
+    return PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>",
+                                   bos_token="<s>" if bos else None, padding_side="left", chat_template=CHATML_TEMPLATE)
+
+def prompt_ids(tok, # a tokenizer: `tok(text)`; for chat, `chat_template` and `apply_chat_template`
+               ex: Example, # the example whose prompt the engine gets
+               data: DataConfig | None = None) -> list[int]: # its `prompt_format` and `system_prompt`; None = plain
+    "The token ids of `ex`'s prompt: its plain text encoded, or its messages through the tokenizer's chat template"
+    d = data if data is not None else DataConfig()
+    if d.prompt_format == "plain": return tok(prompt_text(ex, d.system_prompt))["input_ids"]
+    if d.prompt_format != "chat":
+        raise ConfigError(f"data.prompt_format: must be plain or chat, got {d.prompt_format!r}")
+    if not getattr(tok, "chat_template", None):
+        raise ConfigError("data.prompt_format: chat needs a tokenizer with a chat template, and this one has none "
+                          "(a base model?); use data.prompt_format=plain")
+    # ids straight from the template: encoding its text again would add a BOS the template already wrote
+    ids = tok.apply_chat_template(prompt_messages(ex, d.system_prompt), add_generation_prompt=True, tokenize=True,
+                                  return_dict=False)
+    return list(ids)
 
 # %% ../nbs/03_policy.ipynb #d8dd7581
 def pack(prompts: list[list[int]], # prompt token ids, one list per sequence

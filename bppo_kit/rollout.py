@@ -28,10 +28,11 @@ def trim(row: list[int], stop_ids: set[int]) -> tuple[list[int], str]:
     return row, "length"
 
 # %% ../nbs/04_rollout.ipynb #1fdd991b
-def encode_prompts(tok, prompts: list[str], n: int, sp: SamplingParams, context: int | None = None) -> list[list[int]]:
+def encode_prompts(tok, prompts: list[str | list[int]], # text (encoded here) or token ids (taken as they are)
+                   n: int, sp: SamplingParams, context: int | None = None) -> list[list[int]]:
     "Token ids of `prompts` after every engine's checks: n >= 1, no empty prompt, prompt + new tokens fit `context`"
     if n < 1: raise ValueError(f"n must be >= 1, got {n}")
-    ids = [tok(p)["input_ids"] for p in prompts]
+    ids = [tok(p)["input_ids"] if isinstance(p, str) else list(p) for p in prompts]
     if any(len(x) == 0 for x in ids): raise ValueError("empty prompt")
     if context and ids and max(map(len, ids)) + sp.max_new_tokens > context:
         raise ValueError(f"prompt of {max(map(len, ids))} tokens + {sp.max_new_tokens} new "
@@ -51,7 +52,8 @@ class HFEngine:
         self.stats = dict(generated_tokens=0, seconds=0.0, calls=0)
 
     @torch.no_grad()
-    def generate(self, prompts: list[str], n: int = 1, sampling: SamplingParams | None = None) -> list[Completion]:
+    def generate(self, prompts: list[str | list[int]], # text, or token ids (the trainer's: `prompt_ids`)
+                 n: int = 1, sampling: SamplingParams | None = None) -> list[Completion]:
         "`n` completions of each prompt, grouped by prompt: index `i*n + j` is sample `j` of prompt `i`"
         sp = sampling or SamplingParams()
         ids = encode_prompts(self.tok, prompts, n, sp, getattr(self.model.config, "max_position_embeddings", None))
@@ -96,7 +98,8 @@ class HFBatchEngine:
         self.stats = dict(generated_tokens=0, seconds=0.0, calls=0)
 
     @torch.no_grad()
-    def generate(self, prompts: list[str], n: int = 1, sampling: SamplingParams | None = None) -> list[Completion]:
+    def generate(self, prompts: list[str | list[int]], # text, or token ids (the trainer's: `prompt_ids`)
+                 n: int = 1, sampling: SamplingParams | None = None) -> list[Completion]:
         "`n` completions of each prompt, grouped by prompt: index `i*n + j` is sample `j` of prompt `i`"
         from transformers import GenerationConfig
         from transformers.generation import ContinuousBatchingConfig
@@ -457,7 +460,8 @@ class KitEngine:
         self.stats["generated_tokens"] += sum(c.n_tokens - len(r.prefix) for c, r in zip(b.out, requests))
         return b.out
 
-    def generate(self, prompts: list[str], n: int = 1, sampling: SamplingParams | None = None,
+    def generate(self, prompts: list[str | list[int]], # text, or token ids (the trainer's: `prompt_ids`)
+                 n: int = 1, sampling: SamplingParams | None = None,
                  window: int | None = None, on_finish=None) -> list[Completion]:
         "`n` completions of each prompt, grouped by prompt (index `i*n + j`); with `window`, unfinished ones are paused"
         sp = sampling or SamplingParams()
@@ -580,7 +584,8 @@ class VLLMEngine:
         todo = sorted(self.asleep & set(tags))
         if todo: self.asleep -= set(self.compat.wake_up(self.llm, todo, self.asleep))
 
-    def generate(self, prompts: list[str], n: int = 1, sampling: SamplingParams | None = None) -> list[Completion]:
+    def generate(self, prompts: list[str | list[int]], # text, or token ids (the trainer's: `prompt_ids`)
+                 n: int = 1, sampling: SamplingParams | None = None) -> list[Completion]:
         "`n` completions of each prompt, grouped by prompt: index `i*n + j` is sample `j` of prompt `i`"
         from vllm.inputs import TokensPrompt
         sp = sampling or SamplingParams()

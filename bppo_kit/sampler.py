@@ -11,6 +11,7 @@ from .config import Config, ConfigError
 from .core import Completion, Rollout, SamplingParams
 from .data import Example, load_synthetic_eval, load_task, style_of, synthetic_example, synthetic_stream
 from .evaluate import grade, response_tokens
+from .policy import prompt_ids
 from .rollout import HFEngine, KitEngine
 
 # %% auto #0
@@ -141,6 +142,10 @@ class Sampler:
         self.reward_s += time.time() - t0
         return ro
 
+    def encode(self, examples: list[Example]) -> list[list[int]]:
+        "The prompt token ids of `examples` the engine gets, formatted as `data.prompt_format` says (`prompt_ids`)"
+        return [prompt_ids(self.tok, e, self.cfg.data) for e in examples]
+
     def take_reward_seconds(self) -> float:
         "Seconds spent grading since the last call"
         s, self.reward_s = self.reward_s, 0.0
@@ -150,7 +155,7 @@ class Sampler:
         "The step's prompts, `group_size` completions each, graded and refilled (`algo.resample`); and their metrics"
         ex, sp = self.prompts(step), self.params(step)
         on_finish = scheduler(ex) if scheduler is not None else None
-        cs = self.engine.generate([e.prompt for e in ex], self.cfg.rollout.group_size, sp,
+        cs = self.engine.generate(self.encode(ex), self.cfg.rollout.group_size, sp,
                                   **({"on_finish": on_finish} if on_finish else {}))
         ro, refilled = self.resample(step, self.score(ex, cs))
         m = rollout_metrics(ro)
@@ -164,6 +169,6 @@ class Sampler:
             n_dead = int((ro.rewards.std(1, unbiased=False) <= 1e-6).sum())
             if not n_dead: break
             ex = self.prompts.extra(step, k, n_dead)
-            cs = self.engine.generate([e.prompt for e in ex], self.cfg.rollout.group_size, self.params(step, k))
+            cs = self.engine.generate(self.encode(ex), self.cfg.rollout.group_size, self.params(step, k))
             ro, got = refill_groups(ro, self.score(ex, cs)); refilled += got
         return ro, refilled

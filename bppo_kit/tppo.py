@@ -111,7 +111,7 @@ class TPPO(Algorithm):
         "A full batch from the pool, admitting the step's prompts first when the queue cannot fill it"
         if len(self.pool.fresh) + len(self.pool.unfinished) < self.batch_size():
             ex = sampler.prompts(step)
-            self.pool.admit(ex, [sampler.tok(e.prompt)["input_ids"] for e in ex])
+            self.pool.admit(ex, sampler.encode(ex))  # the prompt ids as `data.prompt_format` makes them
         return self.pool.draw(self.batch_size())
 
     def _generate(self, entries: list[Entry], step: int, sampler) -> tuple[list[int], list[Completion], float | None]:

@@ -112,7 +112,7 @@ def evaluate_step(cfg: Config, s: Session, examples: list, step: int, progress: 
     sp = SamplingParams(r.temperature, r.top_p, r.top_k, r.max_new_tokens,
                         seed=step_seed(cfg.train.seed, stream="eval"), logprobs=False)
     return dict(step=step, **evaluate(s.model, s.tok, examples, samples=r.group_size, progress=progress,
-                                      engine=s.engine, sampling=sp))
+                                      engine=s.engine, sampling=sp, data=cfg.data))
 
 def _stop_on_signals():
     "Ask the loop to stop at the next step boundary on SIGINT/SIGTERM; returns (flag, restore)"

@@ -52,7 +52,7 @@ def test_train_qwen2_5_0_5b_shape_on_cpu(tmp_path):
             assert r["trained_tokens"] > 0 and 0 < r["generated_tokens"] <= 2 * 4 * 12, r
         after = load_file(out / "checkpoint" / "model.safetensors")
         n_t, n_e = _changed(before, after)
-        assert n_t > 0, "no weight changed"
+        assert n_e / n_params > 0.99, f"{n_e / n_params:.2%} of the elements moved"  # fp32 masters keep lr 1e-6
         maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         steps = ", ".join(f"{r['wall_s']:.1f}" for r in rows)
         updates = ", ".join(f"{r['update_s']:.1f}" for r in rows)
