@@ -21,6 +21,7 @@ class Entry:
     tokens: list[int] = field(default_factory=list)  # generated so far
     logprobs: list[float] = field(default_factory=list)
     rounds: int = 0  # windows generated so far
+    trained: int = 0  # tokens (from the first) that have had their policy update
 
 class SamplePool:
     "T-PPO's continuous batching pool: G entries per admitted prompt; unfinished entries go ahead of fresh ones"

@@ -49,7 +49,7 @@ class RolloutConfig:
     # kit: the kit's continuous batching; hf: transformers' generate, the baseline; vllm: GPUs
     engine: str = param("kit", choices=["hf", "kit", "vllm"])
     max_slots: int = param(256, ge=1)  # kit engine: requests decoded at once (KV-cache rows)
-    window: int = param(0, ge=0)  # T-PPO: new tokens per response per step; 0 = whole responses (PPO, GRPO, BPPO)
+    window: int = param(32, ge=0)  # T-PPO: new tokens per response per step (PPO, GRPO, BPPO: whole responses)
     group_size: int = param(8, ge=1)  # completions per prompt; BPPO still samples all of them
     temperature: float = param(1.0, gt=0)  # 1.0 samples the policy itself, which is what the log-probs assume
     top_p: float = param(1.0, gt=0, le=1)  # 1.0 = no nucleus truncation

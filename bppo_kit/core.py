@@ -86,6 +86,8 @@ class TrainItem:
     token_adv: list[float] | None = None
     # the engine's log-probs of completion_ids (truncated importance sampling, the update lesson); None = none
     sample_logprobs: list[float] | None = None
+    # the first `carried` trained tokens were sampled in an earlier step (T-PPO): old log-probs = sampling ones
+    carried: int = 0
 
 # %% ../nbs/03c_core.ipynb #d259983d
 def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim=None) -> torch.Tensor:

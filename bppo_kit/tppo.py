@@ -5,6 +5,7 @@
 # %% ../nbs/09b_tppo.ipynb #b627215c
 from __future__ import annotations
 import copy
+from dataclasses import replace
 import torch
 import torch.nn as nn
 from .batching import Entry, SamplePool
@@ -44,7 +45,7 @@ class ValueModel(nn.Module):
 
 # %% ../nbs/09b_tppo.ipynb #cf5b8eb9
 def window_advantages(values: torch.Tensor, # [N, C] V(s_t) over every token generated so far
-                      starts: list[int], # tokens each response had before this window
+                      starts: list[int], # each response's first token not trained yet
                       lengths: list[int], # tokens each response has now
                       reward: torch.Tensor, # [N] the score of finished responses (0 for unfinished)
                       finished: torch.Tensor, # [N] bool
@@ -89,9 +90,10 @@ class TPPO(Algorithm):
     def batch_size(self) -> int: return self.cfg.train.prompts_per_step * self.cfg.rollout.group_size
 
     def collect(self, step: int, sampler) -> tuple[list[TrainItem], dict]:
-        "Generate one window for a full batch from the pool; train items for this window and the step's metrics"
+        "One window for a full batch from the pool; train items for the untrained tokens, and the step's metrics"
         entries = self._draw(step, sampler)
-        starts, cs, utilization = self._generate(entries, step, sampler)
+        starts = [e.trained for e in entries]  # the first token of each response that has not been trained yet
+        generated_from, cs, utilization = self._generate(entries, step, sampler)
         fin = torch.tensor([c.finish_reason in ("eos", "length") for c in cs])
         scores = [score(c.text, e.example.answer, e.example.task) if f else None
                   for e, c, f in zip(entries, cs, fin.tolist())]
@@ -99,13 +101,20 @@ class TPPO(Algorithm):
         V = self._values(entries, sampler.tok.pad_token_id)  # [N, C] over all tokens so far
         adv, keep = window_advantages(V, starts, [len(e.tokens) for e in entries], reward, fin, self.cfg)
         k = keep.sum(1)
-        items = [TrainItem(e.prompt_ids, list(e.tokens), 0.0, s + int(k[i]), s, adv[i, :k[i]].tolist(),
-                           sample_logprobs=list(e.logprobs) or None) for i, (e, s) in enumerate(zip(entries, starts))]
+        items = [self._item(e, s, int(k[i]), g, adv[i])
+                 for i, (e, s, g) in enumerate(zip(entries, starts, generated_from))]
         done = [e for e, f in zip(entries, fin.tolist()) if f]
         self.pool.put_back([e for e, f in zip(entries, fin.tolist()) if not f])
         self._finished = (done, reward[fin], V[fin])
-        m = self._metrics(entries, starts, done, scores, reward, fin, k, sampler.tok.eos_token_id)
-        return items, {**m, "slot_utilization": utilization}
+        m = self._metrics(entries, generated_from, done, scores, reward, fin, k, sampler.tok.eos_token_id)
+        return items, {**m, "slot_utilization": utilization, "carried_tokens": sum(it.carried for it in items)}
+
+    @staticmethod
+    def _item(e: Entry, start: int, k: int, generated_from: int, adv: torch.Tensor) -> TrainItem:
+        "The item training `e`'s tokens `start … start+k-1` (those before `generated_from` are carried); marks them"
+        e.trained = start + k
+        return TrainItem(e.prompt_ids, list(e.tokens), 0.0, start + k, start, adv[:k].tolist(),
+                         sample_logprobs=list(e.logprobs), carried=max(0, min(k, generated_from - start)))
 
     def _draw(self, step: int, sampler) -> list[Entry]:
         "A full batch from the pool, admitting the step's prompts first when the queue cannot fill it"
@@ -119,7 +128,8 @@ class TPPO(Algorithm):
         engine, seed = sampler.engine, self.cfg.train.seed
         reqs = [Request(e.prompt_ids, i, e.uid, seed, list(e.tokens), list(e.logprobs)) for i, e in enumerate(entries)]
         before = dict(engine.stats)
-        cs = engine.run(reqs, sampler.params(step), window=self.window or None)
+        sp = replace(sampler.params(step), logprobs=True)  # carried tokens need their sampling log-probs
+        cs = engine.run(reqs, sp, window=self.window or None)
         busy, slots = (engine.stats[k] - before[k] for k in ("busy_slot_steps", "slot_steps"))
         starts = [len(e.tokens) for e in entries]
         for e, c in zip(entries, cs):

@@ -6,17 +6,19 @@
 from __future__ import annotations
 import math
 from functools import partial
+from typing import NamedTuple
 import torch
 from .config import Config, ConfigError
 from .core import TrainItem, clipped_surrogate, entropy_from_logits, k3_kl
 from .grpo import token_weights
 from .kernels import prefix_policy_loss
 from .policy import autocast, pack, token_logprobs
+from .sampler import records_logprobs
 
 # %% auto #0
-__all__ = ['forward_logprobs', 'micro_batch_tensors', 'trainable', 'head_problem', 'check_fused_head', 'head_inputs',
-           'kernel_logprobs', 'kernel_loss', 'tis_weights', 'sampler_kl', 'micro_batch_loss', 'policy_logprobs',
-           'update']
+__all__ = ['forward_logprobs', 'MicroBatch', 'micro_batch_tensors', 'trainable', 'head_problem', 'check_fused_head',
+           'head_inputs', 'kernel_logprobs', 'kernel_loss', 'tis_weights', 'sampler_kl', 'micro_batch_loss',
+           'policy_logprobs', 'update']
 
 # %% ../nbs/10b_update.ipynb #ec15c6ed
 def forward_logprobs(model, batch: dict, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -29,8 +31,15 @@ def forward_logprobs(model, batch: dict, temperature: float = 1.0) -> tuple[torc
     return lp, ent
 
 # %% ../nbs/10b_update.ipynb #f366a97a
-def micro_batch_tensors(items: list[TrainItem], pad_id: int, device=None) -> tuple:
-    "A packed batch of `items`, the mask [B, C] of tokens that train, their advantages [B, C], sampling log-probs"
+class MicroBatch(NamedTuple):
+    batch: dict  # a `pack` result
+    mask: torch.Tensor  # [B, C] bool: the completion tokens that train
+    adv: torch.Tensor  # [B, C] their advantages
+    sample: torch.Tensor | None  # [B, C] the engine's sampling log-probs, if the items carry them
+    carried: torch.Tensor | None  # [B, C] bool: trained tokens sampled in an earlier step, if any
+
+def micro_batch_tensors(items: list[TrainItem], pad_id: int, device=None) -> MicroBatch:
+    "A packed batch of `items` with the tokens that train, their advantages, sampling log-probs and carried tokens"
     batch = pack([it.prompt_ids for it in items], [it.completion_ids for it in items], pad_id, device)
     C = batch["input_ids"].shape[1] - batch["prompt_len"]
     mask = torch.zeros(len(items), C, dtype=torch.bool, device=device)
@@ -45,7 +54,12 @@ def micro_batch_tensors(items: list[TrainItem], pad_id: int, device=None) -> tup
             if len(it.sample_logprobs) < it.n_train:
                 raise ValueError(f"item {j}: {len(it.sample_logprobs)} sample_logprobs for {it.n_train} trained tokens")
             sample[j, :it.n_train] = torch.tensor(it.sample_logprobs[:it.n_train], device=device)
-    return batch, mask, adv, sample
+    carried = None
+    if any(it.carried for it in items):
+        if sample is None: raise ValueError("train items with carried tokens need their sample_logprobs")
+        carried = torch.zeros_like(mask)
+        for j, it in enumerate(items): carried[j, it.start:it.start + it.carried] = True
+    return MicroBatch(batch, mask, adv, sample, carried)
 
 def trainable(items: list[TrainItem], with_kl: bool = False) -> list[TrainItem]:
     "The items that can carry a gradient: some tokens to train, and a non-zero advantage (or a KL term)"
@@ -90,11 +104,12 @@ def kernel_logprobs(h: torch.Tensor, W: torch.Tensor, targets: torch.Tensor, m: 
     return prefix_policy_loss(h.detach(), W.detach(), targets, zeros, zeros, m, impl=impl, return_stats=True)[1]["logp"]
 
 def kernel_loss(model, batch: dict, mask: torch.Tensor, adv: torch.Tensor, weights: torch.Tensor,
-                old_logp: torch.Tensor | None, cfg: Config, tis=None) -> tuple:
+                old_logp: torch.Tensor | None, cfg: Config, tis=None, fix_old=None) -> tuple:
     "Σ weights·(clipped surrogate) via `prefix_policy_loss`; the clipped flags and the old log-probs [B, C]"
     h, W, targets, m = head_inputs(model, batch, mask, cfg.rollout.temperature)
     impl = cfg.train.loss_kernel
     if old_logp is None: old_logp = kernel_logprobs(h, W, targets, m, impl).view_as(mask)
+    if fix_old is not None: old_logp = fix_old(old_logp)
     scale = weights * mask.sum() * (tis(old_logp) if tis is not None else 1.0)  # reduction and IS weights, per token
     loss, stats = prefix_policy_loss(h, W, targets, old_logp.reshape(-1).float(), (adv * scale).reshape(-1), m,
                                      cfg.algo.eps_low, cfg.algo.eps_high, impl=impl, return_stats=True)
@@ -112,15 +127,18 @@ def sampler_kl(old_logp: torch.Tensor, sample_logp: torch.Tensor) -> torch.Tenso
 # %% ../nbs/10b_update.ipynb #9d7d0838
 def micro_batch_loss(model, batch: dict, mask: torch.Tensor, adv: torch.Tensor, weights: torch.Tensor,
                      old_logp: torch.Tensor | None, ref_logp: torch.Tensor | None, cfg: Config, surrogate,
-                     sample_logp: torch.Tensor | None = None) -> tuple:
+                     sample_logp: torch.Tensor | None = None, carried: torch.Tensor | None = None) -> tuple:
     "(loss, clipped [B, C], kl [B, C], entropy summed over trained tokens, old log-probs [B, C]) of one micro-batch"
     cap = cfg.algo.tis_cap
-    tis = partial(tis_weights, sample_logp=sample_logp, cap=cap) if sample_logp is not None and cap > 0 else None
+    use_tis = sample_logp is not None and cap > 0 and records_logprobs(cfg)  # only where the engine is inexact
+    tis = partial(tis_weights, sample_logp=sample_logp, cap=cap) if use_tis else None
+    fix_old = (lambda old: torch.where(carried, sample_logp, old)) if carried is not None else None
     if cfg.train.loss_kernel != "naive":
-        loss, clipped, old = kernel_loss(model, batch, mask, adv, weights, old_logp, cfg, tis)
+        loss, clipped, old = kernel_loss(model, batch, mask, adv, weights, old_logp, cfg, tis, fix_old)
         return loss, clipped, torch.zeros_like(weights), float("nan"), old
     logp, ent = forward_logprobs(model, batch, cfg.rollout.temperature)
     old = old_logp if old_logp is not None else logp.detach()
+    if fix_old is not None: old = fix_old(old)
     tok_loss, clipped = surrogate(logp, old, adv)
     if tis is not None: tok_loss = tok_loss * tis(old)
     kl = k3_kl(logp, ref_logp) if ref_logp is not None else torch.zeros_like(logp)
@@ -151,17 +169,17 @@ def update(model, opt, items: list[TrainItem], cfg: Config, pad_id: int, ref_mod
     batches = [micro_batch_tensors(live[i:i + tc.micro_batch], pad_id, dev)
                for i in range(0, len(live), tc.micro_batch)]
     none = [None] * len(batches)
-    old = [policy_logprobs(model, b, mk, cfg) for b, mk, _, _ in batches] if tc.mu > 1 else none
-    ref = [policy_logprobs(ref_model, b, mk, cfg, kernel=False) for b, mk, _, _ in batches] if with_kl else none
+    old = [policy_logprobs(model, mb.batch, mb.mask, cfg) for mb in batches] if tc.mu > 1 else none
+    ref = [policy_logprobs(ref_model, mb.batch, mb.mask, cfg, kernel=False) for mb in batches] if with_kl else none
     model.train()
     for _ in range(tc.mu):
         opt.zero_grad(set_to_none=True)
         tot = dict(loss=0.0, clip=0.0, kl=0.0, ent=0.0, tok=0, skl=0.0, capped=0.0)
-        for (batch, mask, adv, sample), old_lp, ref_lp in zip(batches, old, ref):
+        for (batch, mask, adv, sample, carried), old_lp, ref_lp in zip(batches, old, ref):
             weights = token_weights(mask, ac.reduction, n_seqs, n_tokens, cfg.rollout.max_new_tokens)
             with autocast(cfg.model.dtype, dev):
                 loss, clipped, kl, ent, o = micro_batch_loss(model, batch, mask, adv, weights, old_lp, ref_lp, cfg,
-                                                             surrogate, sample)
+                                                             surrogate, sample, carried)
             loss.backward()  # outside autocast, as PyTorch recommends
             mf = mask.float()
             tot["loss"] += loss.item(); tot["tok"] += int(mf.sum())
@@ -178,7 +196,8 @@ def update(model, opt, items: list[TrainItem], cfg: Config, pad_id: int, ref_mod
         ent = tot["ent"] / n
         mets.update(loss=tot["loss"], grad_norm=grad_norm.item(), clip_frac=tot["clip"] / n, kl=tot["kl"] / n,
                     entropy=ent if math.isfinite(ent) else None)
-        if batches[0][3] is not None:
-            mets.update(sampler_kl=tot["skl"] / n, tis_capped=tot["capped"] / n if ac.tis_cap > 0 else None)
+        if batches[0].sample is not None:
+            tis_on = ac.tis_cap > 0 and records_logprobs(cfg)
+            mets.update(sampler_kl=tot["skl"] / n, tis_capped=tot["capped"] / n if tis_on else None)
     model.eval()
     return mets
