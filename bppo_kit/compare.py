@@ -12,7 +12,7 @@ from .runs import read_jsonl_rows
 from .trainer import train
 
 # %% auto #0
-__all__ = ['VARIANTS', 'variant_config', 'run_summary', 'aggregate', 'compare_figure', 'write_report', 'compare']
+__all__ = ['VARIANTS', 'variant_config', 'run_summary', 'aggregate', 'compare_figure', 'cost_table', 'write_report', 'compare']
 
 # %% ../nbs/11b_compare.ipynb #9c5dd79d
 VARIANTS = {
@@ -38,21 +38,32 @@ def variant_config(base: Config, name: str, seed: int, out: Path) -> Config:
 # %% ../nbs/11b_compare.ipynb #fa4979fd
 def _med(xs): return statistics.median(xs) if xs else None
 
+def _cumulative(m: list[dict], key: str) -> list[float] | None:
+    "Running totals of `key` over the metric rows (index = steps done), None if a row lacks it"
+    if not m or any(r.get(key) is None for r in m): return None
+    out = [0.0]
+    for r in m: out.append(out[-1] + r[key])
+    return out
+
 def run_summary(run: Path, target: float | None = None) -> dict:
-    "Final eval, median stage times and token counts of one run folder"
+    "Final eval, median stage times, token counts and the training cost (total and to `target`) of one run folder"
     m, e = read_jsonl_rows(run / "metrics.jsonl"), read_jsonl_rows(run / "eval.jsonl")
     if not m: raise FileNotFoundError(f"no metrics in {run}")
     body = m[1:] or m
-    wall = [0.0]
-    for r in m: wall.append(wall[-1] + r["wall_s"])
-    hit = next((wall[r["step"]] for r in e if target is not None and r["accuracy"] >= target), None)
+    wall = _cumulative(m, "wall_s")
+    hit_step = next((r["step"] for r in e if target is not None and r["accuracy"] >= target), None)
+    hit = wall[hit_step] if hit_step is not None else None
+    costs = {}
+    for k in ("decode_steps", "row_steps"):
+        c = _cumulative(m, k)
+        if c is not None: costs.update({k: c[-1], f"{k}_to_target": c[hit_step] if hit_step is not None else None})
     last = e[-1] if e else {}
     return dict(final_accuracy=last.get("accuracy"), final_greedy_accuracy=last.get("greedy_accuracy"),
                 final_tokens=last.get("mean_response_tokens"), first_accuracy=e[0]["accuracy"] if e else None,
                 step_s=_med([r["wall_s"] for r in body]), rollout_s=_med([r["rollout_s"] for r in body]),
                 update_s=_med([r["update_s"] for r in body]), trained_tokens=_med([r["trained_tokens"] for r in body]),
                 generated_tokens=_med([r["generated_tokens"] for r in body]), train_wall_s=round(wall[-1], 1),
-                time_to_target_s=hit, steps=len(m),
+                time_to_target_s=hit, steps=len(m), **costs,
                 slot_utilization=_med([r["slot_utilization"] for r in body if r.get("slot_utilization") is not None]))
 
 def aggregate(rows: list[dict]) -> dict:
@@ -93,6 +104,23 @@ def _fmt(a: dict, k: str, pct=False) -> str:
     m, s = a[k]["mean"], a[k]["std"]
     return f"{100 * m:.1f} ± {100 * s:.1f}" if pct else f"{m:.3g} ± {s:.2g}"
 
+def _ratio(agg: dict, base: str, n: str, k: str) -> str:
+    "`n`'s mean of `k` over the baseline's, as `0.42x`; – where either is missing"
+    a, b = agg[n].get(k), agg[base].get(k)
+    return f"{a['mean'] / b['mean']:.2f}x" if a and b and b["mean"] else "–"
+
+def cost_table(agg: dict, base: str) -> list[str]:
+    "Markdown lines: each variant's training cost three ways, in total and to the target, and its ratio to `base`'s"
+    keys = [("train_wall_s", "time_to_target_s"), ("row_steps", "row_steps_to_target"),
+            ("decode_steps", "decode_steps_to_target")]
+    lines = ["| variant | wall s | row-steps | decode steps | wall s to target | row-steps to target "
+             f"| decode steps to target | to target vs {base}: wall / row-steps / decode steps |", "|---" * 8 + "|"]
+    for n, a in agg.items():
+        cells = [_fmt(a, k) for pair in zip(*keys) for k in pair]
+        ratios = " / ".join(_ratio(agg, base, n, k) for _, k in keys)
+        lines.append(f"| {n} | " + " | ".join(cells) + f" | {ratios} |")
+    return lines
+
 def write_report(out: Path, runs: dict[str, list[Path]], target: float | None = None) -> dict:
     "Summaries, `report.json`, `report.md` and `compare.png` for finished runs"
     per = {n: [run_summary(p) for p in ps] for n, ps in runs.items()}
@@ -117,6 +145,9 @@ def write_report(out: Path, runs: dict[str, list[Path]], target: float | None = 
                      f"{_fmt(a, 'final_tokens')} | {_fmt(a, 'step_s')} | {_fmt(a, 'update_s')} | "
                      f"{_fmt(a, 'trained_tokens')} | "
                      f"{_fmt(a, 'time_to_target_s')} | {_fmt(a, 'slot_utilization')} | {sp:.2f}x | {up:.2f}x |")
+    lines += ["", "Training cost: wall time here; row-steps (busy engine rows summed over decoding passes: "
+              "a compute-bound CPU's cost); decode steps (decoding passes: a memory-bound GPU's cost).", ""]
+    lines += cost_table(agg, base)
     lines += ["", "![comparison](compare.png)", ""]
     (out / "report.md").write_text("\n".join(lines))
     compare_figure(runs).savefig(out / "compare.png", dpi=80)

@@ -20,7 +20,8 @@ from .update import check_fused_head, update
 import bppo_kit.bppo, bppo_kit.grpo, bppo_kit.tppo  # noqa: F401 -- the built-in algorithms register themselves
 
 # %% auto #0
-__all__ = ['lr_at', 'device_of', 'Session', 'check_precision', 'with_lora', 'setup', 'train_step', 'evaluate_step', 'train']
+__all__ = ['COSTS', 'lr_at', 'device_of', 'Session', 'check_precision', 'with_lora', 'setup', 'step_costs', 'train_step',
+           'evaluate_step', 'train']
 
 # %% ../nbs/11_trainer.ipynb #ef0a4107
 def lr_at(step: int, lr: float, warmup_steps: int = 0) -> float:
@@ -88,12 +89,20 @@ def setup(cfg: Config, run: RunDir, resume: bool = False) -> Session:
     return Session(model, tok, opt, ref, algo, engine, Sampler(cfg, engine, tok), state["step"] if state else 0, gen)
 
 # %% ../nbs/11_trainer.ipynb #05c56d7c
+COSTS = {"decode_steps": "decode_steps", "row_steps": "busy_slot_steps", "slot_steps": "slot_steps"}
+
+def step_costs(before: dict, after: dict) -> dict:
+    "The generation cost between two snapshots of an engine's `stats`: decode steps, row-steps, slot-steps"
+    return {k: after[v] - before[v] for k, v in COSTS.items() if v in after and v in before}
+
 def train_step(cfg: Config, s: Session, step: int) -> dict:
     "One step of training: collect → update → after the update; the step's metrics row"
     t0 = time.time()
     for g in s.opt.param_groups: g["lr"] = lr_at(step, cfg.train.lr, cfg.train.warmup_steps)
     # rollout → reward → advantages: the algorithm's train items (GRPO/BPPO: graded groups; T-PPO: a window)
+    before = dict(getattr(s.engine, "stats", {}))
     items, collected = s.algo.collect(step, s.sampler)
+    collected = {**collected, **step_costs(before, getattr(s.engine, "stats", {}))}
     t1, reward_s = time.time(), s.sampler.take_reward_seconds()
     # update: the policy's PPO epochs with the algorithm's surrogate, then the algorithm's own work (T-PPO's critic)
     um = update(s.model, s.opt, items, cfg, s.tok.pad_token_id, s.ref, s.algo.surrogate)
