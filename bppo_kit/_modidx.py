@@ -309,6 +309,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                'bppo_kit.tppo.TPPO._generate': ('tppo.html#tppo._generate', 'bppo_kit/tppo.py'),
                                'bppo_kit.tppo.TPPO._item': ('tppo.html#tppo._item', 'bppo_kit/tppo.py'),
                                'bppo_kit.tppo.TPPO._metrics': ('tppo.html#tppo._metrics', 'bppo_kit/tppo.py'),
+                               'bppo_kit.tppo.TPPO._value_epoch': ('tppo.html#tppo._value_epoch', 'bppo_kit/tppo.py'),
                                'bppo_kit.tppo.TPPO._values': ('tppo.html#tppo._values', 'bppo_kit/tppo.py'),
                                'bppo_kit.tppo.TPPO.after_update': ('tppo.html#tppo.after_update', 'bppo_kit/tppo.py'),
                                'bppo_kit.tppo.TPPO.batch_size': ('tppo.html#tppo.batch_size', 'bppo_kit/tppo.py'),

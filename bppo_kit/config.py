@@ -86,6 +86,8 @@ class AlgoConfig:
     exclude_last: int = param(8, ge=0)  # T-PPO: last tokens of an unfinished window left out of the policy loss
     adv_clamp: float = param(5.0, gt=0)  # T-PPO/PPO: whitened advantages clamped to +-this
     value_lr: float = param(5e-4, gt=0)  # T-PPO/PPO: the value model's AdamW learning rate
+    value_warmup: int = param(0, ge=0)  # T-PPO/PPO: the first steps train only the critic (no policy update)
+    value_epochs: int = param(1, ge=1)  # T-PPO/PPO: critic optimizer steps on each step's finished responses
     value_clip_low: float = param(0.5, gt=0)  # value loss clipped to [V_old - low, V_old + high]
     value_clip_high: float = param(0.6, gt=0)
     # truncated importance sampling: tokens weighted min(p_trainer / p_engine, tis_cap) where the engine's numerics

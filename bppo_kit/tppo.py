@@ -101,8 +101,9 @@ class TPPO(Algorithm):
         V = self._values(entries, sampler.tok.pad_token_id)  # [N, C] over all tokens so far
         adv, keep = window_advantages(V, starts, [len(e.tokens) for e in entries], reward, fin, self.cfg)
         k = keep.sum(1)
-        items = [self._item(e, s, int(k[i]), g, adv[i])
-                 for i, (e, s, g) in enumerate(zip(entries, starts, generated_from))]
+        warm = step < self.cfg.algo.value_warmup  # the critic's warm-up: no policy update, nothing marked trained
+        items = [] if warm else [self._item(e, s, int(k[i]), g, adv[i])
+                                 for i, (e, s, g) in enumerate(zip(entries, starts, generated_from))]
         done = [e for e, f in zip(entries, fin.tolist()) if f]
         self.pool.put_back([e for e, f in zip(entries, fin.tolist()) if not f])
         self._finished = (done, reward[fin], V[fin])
@@ -168,9 +169,18 @@ class TPPO(Algorithm):
         mask = torch.arange(T)[None] < L[:, None]
         ret = mc_returns(terminal_rewards(reward, L, torch.ones(len(done), dtype=torch.bool), T), mask, a.gamma)
         v_old = v_old[:, :T]
-        ev = explained_variance(v_old, ret, mask)
-        self.value.train(); self.vopt.zero_grad(set_to_none=True)
-        tot, mb = 0.0, self.cfg.train.micro_batch
+        ev = explained_variance(v_old, ret, mask)  # held out: predicted before the critic saw these responses
+        self.value.train()
+        for _ in range(a.value_epochs):
+            tot = self._value_epoch(done, v_old, ret, mask, pad_id, dev)
+        self.value.eval()
+        return dict(value_loss=tot, explained_variance=ev if ev == ev else None)
+
+    def _value_epoch(self, done: list[Entry], v_old, ret, mask, pad_id: int, dev) -> float:
+        "One optimizer step of the critic over the finished responses (micro-batched); its loss"
+        a, T, mb = self.cfg.algo, mask.shape[1], self.cfg.train.micro_batch
+        self.vopt.zero_grad(set_to_none=True)
+        tot = 0.0
         for i in range(0, len(done), mb):
             sl = slice(i, i + mb)
             b = pack([e.prompt_ids for e in done[sl]], [e.tokens for e in done[sl]], pad_id, dev)
@@ -181,8 +191,8 @@ class TPPO(Algorithm):
                               a.value_clip_low, a.value_clip_high) * w
             loss.backward(); tot += loss.item()
         torch.nn.utils.clip_grad_norm_(self.value.parameters(), self.cfg.train.grad_clip)
-        self.vopt.step(); self.value.eval()
-        return dict(value_loss=tot, explained_variance=ev if ev == ev else None)
+        self.vopt.step()
+        return tot
 
     def state_dict(self) -> dict:
         return dict(pool=self.pool.state(), value=self.value.state_dict(), vopt=self.vopt.state_dict())
