@@ -77,7 +77,11 @@ def test_tppo_windows_and_resume(tmp_path):
     assert any(r["pool_unfinished"] > 0 for r in rows)  # some responses needed more than one window
     assert any((r["window_rounds_mean"] or 0) > 1 for r in rows)
     assert all(0 < r["slot_utilization"] <= 1 for r in rows)
-    assert all(r["trained_tokens"] <= r["generated_tokens"] for r in rows)
+    # this step's new tokens train now or (held back by exclude_last) carried in the next step: never more than made
+    assert all(r["trained_tokens"] - r["carried_tokens"] <= r["generated_tokens"] for r in rows)
+    for k in range(1, len(rows) + 1):
+        assert sum(r["trained_tokens"] for r in rows[:k]) <= sum(r["generated_tokens"] for r in rows[:k])
+    assert any(r["carried_tokens"] > 0 for r in rows)
     b = get_config("cpu-demo", overrides=ov + [f"train.out={tmp_path / 'b'}"])
     train(b, progress=False, evaluate_every=False, stop_after=2)
     train(b, resume=True, progress=False, evaluate_every=False)
