@@ -338,6 +338,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                   'bppo_kit.trainer.train_step': ('trainer.html#train_step', 'bppo_kit/trainer.py'),
                                   'bppo_kit.trainer.with_lora': ('trainer.html#with_lora', 'bppo_kit/trainer.py')},
             'bppo_kit.update': { 'bppo_kit.update.MicroBatch': ('update.html#microbatch', 'bppo_kit/update.py'),
+                                 'bppo_kit.update.active_tis_cap': ('update.html#active_tis_cap', 'bppo_kit/update.py'),
                                  'bppo_kit.update.check_fused_head': ('update.html#check_fused_head', 'bppo_kit/update.py'),
                                  'bppo_kit.update.forward_logprobs': ('update.html#forward_logprobs', 'bppo_kit/update.py'),
                                  'bppo_kit.update.head_inputs': ('update.html#head_inputs', 'bppo_kit/update.py'),

@@ -17,8 +17,8 @@ from .sampler import records_logprobs
 
 # %% auto #0
 __all__ = ['forward_logprobs', 'MicroBatch', 'micro_batch_tensors', 'trainable', 'head_problem', 'check_fused_head',
-           'head_inputs', 'kernel_logprobs', 'kernel_loss', 'tis_weights', 'sampler_kl', 'micro_batch_loss',
-           'policy_logprobs', 'update']
+           'head_inputs', 'kernel_logprobs', 'kernel_loss', 'tis_weights', 'active_tis_cap', 'sampler_kl',
+           'micro_batch_loss', 'policy_logprobs', 'update']
 
 # %% ../nbs/10b_update.ipynb #ec15c6ed
 def forward_logprobs(model, batch: dict, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -120,6 +120,10 @@ def tis_weights(old_logp: torch.Tensor, sample_logp: torch.Tensor, cap: float) -
     "Per-token truncated importance weights min(π_old / μ, cap), detached"
     return torch.exp(old_logp.detach().float() - sample_logp.float()).clamp(max=cap)
 
+def active_tis_cap(cfg: Config) -> float:
+    "The TIS cap in force: `algo.tis_cap` where the engine is inexact (the sampler records log-probs), else 0: off"
+    return cfg.algo.tis_cap if records_logprobs(cfg) else 0.0
+
 def sampler_kl(old_logp: torch.Tensor, sample_logp: torch.Tensor) -> torch.Tensor:
     "Per-token k3 estimate of KL(μ ‖ π_old) on tokens sampled from μ"
     return k3_kl(sample_logp.float(), old_logp.detach().float())
@@ -129,9 +133,8 @@ def micro_batch_loss(model, batch: dict, mask: torch.Tensor, adv: torch.Tensor, 
                      old_logp: torch.Tensor | None, ref_logp: torch.Tensor | None, cfg: Config, surrogate,
                      sample_logp: torch.Tensor | None = None, carried: torch.Tensor | None = None) -> tuple:
     "(loss, clipped [B, C], kl [B, C], entropy summed over trained tokens, old log-probs [B, C]) of one micro-batch"
-    cap = cfg.algo.tis_cap
-    use_tis = sample_logp is not None and cap > 0 and records_logprobs(cfg)  # only where the engine is inexact
-    tis = partial(tis_weights, sample_logp=sample_logp, cap=cap) if use_tis else None
+    cap = active_tis_cap(cfg)
+    tis = partial(tis_weights, sample_logp=sample_logp, cap=cap) if sample_logp is not None and cap > 0 else None
     fix_old = (lambda old: torch.where(carried, sample_logp, old)) if carried is not None else None
     if cfg.train.loss_kernel != "naive":
         loss, clipped, old = kernel_loss(model, batch, mask, adv, weights, old_logp, cfg, tis, fix_old)
@@ -165,6 +168,7 @@ def update(model, opt, items: list[TrainItem], cfg: Config, pad_id: int, ref_mod
     n_seqs = sum(it.n_train > it.start for it in items)
     mets = dict(trained_tokens=0, clip_frac=0.0, kl=0.0, entropy=0.0, grad_norm=0.0, skipped=0, loss=0.0)
     if not live: return mets
+    cap = active_tis_cap(cfg)
     dev = next(model.parameters()).device
     batches = [micro_batch_tensors(live[i:i + tc.micro_batch], pad_id, dev)
                for i in range(0, len(live), tc.micro_batch)]
@@ -186,7 +190,7 @@ def update(model, opt, items: list[TrainItem], cfg: Config, pad_id: int, ref_mod
             tot["clip"] += (clipped.float() * mf).sum().item(); tot["kl"] += (kl * mf).sum().item(); tot["ent"] += ent
             if sample is not None:
                 tot["skl"] += (sampler_kl(o, sample) * mf).sum().item()
-                tot["capped"] += ((tis_weights(o, sample, ac.tis_cap) >= ac.tis_cap) * mf).sum().item()
+                if cap > 0: tot["capped"] += ((tis_weights(o, sample, cap) >= cap) * mf).sum().item()
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
         if not (math.isfinite(tot["loss"]) and torch.isfinite(grad_norm)):
             opt.zero_grad(set_to_none=True); mets["skipped"] += 1
@@ -197,7 +201,6 @@ def update(model, opt, items: list[TrainItem], cfg: Config, pad_id: int, ref_mod
         mets.update(loss=tot["loss"], grad_norm=grad_norm.item(), clip_frac=tot["clip"] / n, kl=tot["kl"] / n,
                     entropy=ent if math.isfinite(ent) else None)
         if batches[0].sample is not None:
-            tis_on = ac.tis_cap > 0 and records_logprobs(cfg)
-            mets.update(sampler_kl=tot["skl"] / n, tis_capped=tot["capped"] / n if tis_on else None)
+            mets.update(sampler_kl=tot["skl"] / n, tis_capped=tot["capped"] / n if cap > 0 else None)
     model.eval()
     return mets
