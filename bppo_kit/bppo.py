@@ -87,7 +87,8 @@ def early_stop(examples: list[Example], group_size: int, min_done: int | None = 
         st = seen.setdefault(c.prompt_index, [0, False, False])
         st[0] += 1; st[1 if score(c.text, e.answer, e.task).correct else 2] = True
         if st[1] and st[2] and st[0] >= need:
-            return [(c.seed, c.prompt_index * group_size + j) for j in range(group_size)]
+            first = c.uid - c.uid % group_size  # the group's first request id (its share's `uid_base` included)
+            return [(c.seed, first + j) for j in range(group_size)]
         return ()
     return on_finish
 

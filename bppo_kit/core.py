@@ -126,10 +126,10 @@ class Algorithm:
         "Raise `ConfigError`, naming the field, if `cfg` does not suit this algorithm (called before anything loads)"
 
     def collect(self, step: int, sampler) -> tuple[list[TrainItem], dict]:
-        "The step's train items and metrics: a scored group rollout from `sampler`, handed to `prepare`"
-        rollout, metrics = sampler.groups(step, self.scheduler)
+        "This process's train items and the step's metrics: a scored group rollout from `sampler`, handed to `prepare`"
+        rollout, metrics = sampler.groups(step, self.scheduler)  # the whole step's groups, from every process
         items, more = self.prepare(rollout, step)
-        return items, {**metrics, **more}
+        return sampler.mine(items), {**metrics, **more}  # this process trains its deal of the items
 
     def prepare(self, rollout: Rollout, step: int = 0) -> tuple[list[TrainItem], dict]:
         "Train items and metrics for a scored rollout (group algorithms write this)"
@@ -147,6 +147,9 @@ class Algorithm:
     def after_update(self, pad_id: int) -> dict:
         "Work after the policy's optimizer step (e.g. a critic's update); its metrics"
         return {}
+
+    def distribute(self, dist):
+        "Scale-out: wrap the algorithm's own trained models with `dist.prepare` (the distributed lesson); default none"
 
     def state_dict(self) -> dict | None: return None  # the algorithm's own state for checkpoints, if any
     def load_state_dict(self, state: dict): pass

@@ -53,12 +53,13 @@ class HFEngine:
 
     @torch.no_grad()
     def generate(self, prompts: list[str | list[int]], # text, or token ids (the trainer's: `prompt_ids`)
-                 n: int = 1, sampling: SamplingParams | None = None) -> list[Completion]:
+                 n: int = 1, sampling: SamplingParams | None = None,
+                 uid_base: int = 0) -> list[Completion]: # offsets the seed: another process's share (scale-out)
         "`n` completions of each prompt, grouped by prompt: index `i*n + j` is sample `j` of prompt `i`"
         sp = sampling or SamplingParams()
         ids = encode_prompts(self.tok, prompts, n, sp, getattr(self.model.config, "max_position_embeddings", None))
         if not ids: return []
-        if sp.seed is not None: torch.manual_seed(sp.seed)
+        if sp.seed is not None: torch.manual_seed(sp.seed + uid_base)
         stop = stop_ids(self.model, self.tok, sp)
         flat = [(i, x) for i, x in enumerate(ids) for _ in range(n)]
         out, t0 = [], time.time()
@@ -99,14 +100,15 @@ class HFBatchEngine:
 
     @torch.no_grad()
     def generate(self, prompts: list[str | list[int]], # text, or token ids (the trainer's: `prompt_ids`)
-                 n: int = 1, sampling: SamplingParams | None = None) -> list[Completion]:
+                 n: int = 1, sampling: SamplingParams | None = None,
+                 uid_base: int = 0) -> list[Completion]: # offsets the seed: another process's share (scale-out)
         "`n` completions of each prompt, grouped by prompt: index `i*n + j` is sample `j` of prompt `i`"
         from transformers import GenerationConfig
         from transformers.generation import ContinuousBatchingConfig
         sp = sampling or SamplingParams()
         ids = encode_prompts(self.tok, prompts, n, sp, getattr(self.model.config, "max_position_embeddings", None))
         if not ids: return []
-        if sp.seed is not None: torch.manual_seed(sp.seed)
+        if sp.seed is not None: torch.manual_seed(sp.seed + uid_base)
         stop = sorted(stop_ids(self.model, self.tok, sp))
         warp = dict(temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k) if sp.temperature > 0 else {}
         gc = GenerationConfig(max_new_tokens=sp.max_new_tokens, do_sample=sp.temperature > 0, eos_token_id=stop,
@@ -462,13 +464,14 @@ class KitEngine:
 
     def generate(self, prompts: list[str | list[int]], # text, or token ids (the trainer's: `prompt_ids`)
                  n: int = 1, sampling: SamplingParams | None = None,
-                 window: int | None = None, on_finish=None) -> list[Completion]:
+                 window: int | None = None, on_finish=None,
+                 uid_base: int = 0) -> list[Completion]: # the first request id (scale-out: where this share starts)
         "`n` completions of each prompt, grouped by prompt (index `i*n + j`); with `window`, unfinished ones are paused"
         sp = sampling or SamplingParams()
         ids = encode_prompts(self.tok, prompts, n, sp, self.lm.ctx)
         if not ids: return []
         seed = sp.seed if sp.seed is not None else int(torch.randint(0, 2**31 - 1, ()).item())
-        reqs = [Request(x, i, i * n + j, seed) for i, x in enumerate(ids) for j in range(n)]
+        reqs = [Request(x, i, uid_base + i * n + j, seed) for i, x in enumerate(ids) for j in range(n)]
         return self.run(reqs, sp, window, on_finish)
 
     def resume(self, completions: list[Completion], sampling: SamplingParams | None = None,
@@ -585,7 +588,8 @@ class VLLMEngine:
         if todo: self.asleep -= set(self.compat.wake_up(self.llm, todo, self.asleep))
 
     def generate(self, prompts: list[str | list[int]], # text, or token ids (the trainer's: `prompt_ids`)
-                 n: int = 1, sampling: SamplingParams | None = None) -> list[Completion]:
+                 n: int = 1, sampling: SamplingParams | None = None,
+                 uid_base: int = 0) -> list[Completion]: # offsets the seed: another process's share (scale-out)
         "`n` completions of each prompt, grouped by prompt: index `i*n + j` is sample `j` of prompt `i`"
         from vllm.inputs import TokensPrompt
         sp = sampling or SamplingParams()
@@ -598,7 +602,7 @@ class VLLMEngine:
                 n=1 if greedy else n, temperature=sp.temperature, top_p=sp.top_p,
                 top_k=sp.top_k or self.compat.top_k_off,
                 max_tokens=sp.max_new_tokens, stop_token_ids=sorted(stop), logprobs=0 if sp.logprobs else None,
-                seed=None if sp.seed is None or greedy else sp.seed + i * n, detokenize=False)
+                seed=None if sp.seed is None or greedy else sp.seed + uid_base + i * n, detokenize=False)
         # vLLM refuses n > 1 for greedy: greedy requests go in n times
         reqs = [(i, x) for i, x in enumerate(ids) for _ in range(n if greedy else 1)]
         t0 = time.time()

@@ -76,12 +76,14 @@ def set_rng_state(s: dict):
     n = s["numpy"]; np.random.set_state((n[0], np.array(n[1], dtype=np.uint32), n[2], n[3], n[4]))
     torch.set_rng_state(s["torch"])
 
-def save_checkpoint(run_dir: Path, model, tok, opt, step: int, algo_state: dict | None = None) -> Path:
+def save_checkpoint(run_dir: Path, model, tok, opt, step: int, algo_state: dict | None = None,
+                    ranks: list[dict] | None = None) -> Path: # scale-out: every process's own `rng` and `algo` state
     "Atomically write `run_dir/checkpoint` for the state after `step` steps (with the algorithm's own state, if any)"
     final, tmp = Path(run_dir) / "checkpoint", Path(run_dir) / "checkpoint.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp); tok.save_pretrained(tmp)
-    torch.save(dict(step=step, optimizer=opt.state_dict(), rng=rng_state(), algo=algo_state), tmp / "trainer_state.pt")
+    torch.save(dict(step=step, optimizer=opt.state_dict(), rng=rng_state(), algo=algo_state, ranks=ranks),
+               tmp / "trainer_state.pt")
     old = Path(run_dir) / "checkpoint.old"
     shutil.rmtree(old, ignore_errors=True)
     if final.exists(): final.rename(old)

@@ -9,6 +9,7 @@ from dataclasses import replace
 import torch
 from .config import Config, ConfigError
 from .core import Completion, Rollout, SamplingParams
+from .distributed import Dist, deal_items, gather_rollout
 from .data import Example, load_synthetic_eval, load_task, style_of, synthetic_example, synthetic_stream
 from .evaluate import grade, response_tokens
 from .policy import prompt_ids
@@ -123,9 +124,11 @@ def refill_groups(ro: Rollout, extra: Rollout) -> tuple[Rollout, int]:
 # %% ../nbs/04c_sampler.ipynb #4c308429
 class Sampler:
     "A step's samples for the algorithms: prompts, sampling parameters, and graded groups of completions"
-    def __init__(self, cfg: Config, engine, tok, prompts: PromptSource | None = None):
+    def __init__(self, cfg: Config, engine, tok, prompts: PromptSource | None = None,
+                 dist: Dist | None = None): # this process's place in a scale-out run (none: one process)
         self.cfg, self.engine, self.tok = cfg, engine, tok
         self.prompts = prompts if prompts is not None else PromptSource(cfg)
+        self.dist = dist or Dist()
         self.reward_s = 0.0  # seconds spent grading since the loop last asked
 
     def params(self, step: int, round_: int = 0) -> SamplingParams:
@@ -151,24 +154,42 @@ class Sampler:
         s, self.reward_s = self.reward_s, 0.0
         return s
 
+    def step_prompts(self, step: int) -> list[Example]:
+        "This process's share of the step's prompts (all of them on one process)"
+        ex = self.prompts(step)
+        return ex[self.dist.share(len(ex))]
+
+    def generate(self, examples: list[Example], sp: SamplingParams, first: int = 0, **kw) -> list[Completion]:
+        "`group_size` completions of each of `examples`, whose first is prompt `first` of the step (scale-out)"
+        G = self.cfg.rollout.group_size
+        if self.dist.world > 1: kw["uid_base"] = first * G  # the noise one process gives these prompts
+        return self.engine.generate(self.encode(examples), G, sp, **kw)
+
     def groups(self, step: int, scheduler=None) -> tuple[Rollout, dict]:
         "The step's prompts, `group_size` completions each, graded and refilled (`algo.resample`); and their metrics"
-        ex, sp = self.prompts(step), self.params(step)
+        ex, sp, first = self.step_prompts(step), self.params(step), self.dist.share(self.cfg.train.prompts_per_step)
         on_finish = scheduler(ex) if scheduler is not None else None
-        cs = self.engine.generate(self.encode(ex), self.cfg.rollout.group_size, sp,
-                                  **({"on_finish": on_finish} if on_finish else {}))
+        cs = self.generate(ex, sp, first.start, **({"on_finish": on_finish} if on_finish else {}))
         ro, refilled = self.resample(step, self.score(ex, cs))
+        ro = gather_rollout(self.dist, ro, first.start)  # every rank's share: the whole step
         m = rollout_metrics(ro)
-        if self.cfg.algo.resample: m["refilled_groups"] = refilled
+        if self.cfg.algo.resample: m["refilled_groups"] = int(self.dist.sum([refilled])[0])
         return ro, m
+
+    def mine(self, items: list) -> list:
+        "This process's deal of the step's train items (`deal_items`; all of them on one process)"
+        return items if self.dist.world == 1 else deal_items(items, self.dist.world)[self.dist.rank]
 
     def resample(self, step: int, ro: Rollout) -> tuple[Rollout, int]:
         "Up to `algo.resample` rounds of swapping zero-signal groups for fresh prompts' groups that carry signal"
         refilled = 0
         for k in range(1, self.cfg.algo.resample + 1):
             n_dead = int((ro.rewards.std(1, unbiased=False) <= 1e-6).sum())
-            if not n_dead: break
-            ex = self.prompts.extra(step, k, n_dead)
-            cs = self.engine.generate(self.encode(ex), self.cfg.rollout.group_size, self.params(step, k))
+            counts = self.dist.gather(n_dead)  # every rank's dead groups: this rank takes its slice of the fresh ones
+            if not sum(counts): break
+            first = sum(counts[:self.dist.rank])
+            ex = self.prompts.extra(step, k, sum(counts))[first:first + n_dead]
+            if not ex: continue
+            cs = self.generate(ex, self.params(step, k), first)
             ro, got = refill_groups(ro, self.score(ex, cs)); refilled += got
         return ro, refilled

@@ -11,6 +11,7 @@ import torch.nn as nn
 from .batching import Entry, SamplePool
 from .config import Config, ConfigError
 from .core import Algorithm, Completion, Request, TrainItem, register
+from .distributed import Dist, reduce_metrics
 from .egae import (adaptive_lambda, dual_clip_surrogate, egae, explained_variance, mc_returns, terminal_rewards,
                            tppo_token_mask, value_loss, whiten_clamp)
 from .policy import pack
@@ -86,8 +87,16 @@ class TPPO(Algorithm):
         self.vopt = (torch.optim.AdamW(self.value.parameters(), lr=cfg.algo.value_lr, betas=(0.9, 0.99),
                                        weight_decay=0.0) if self.value else None)
         self._finished = None  # (entries, rewards, old values) of the responses that finished this step, for the critic
+        self.dist, self.critic = Dist(), self.value  # `critic`: the value model as trained (DDP-wrapped on N processes)
 
-    def batch_size(self) -> int: return self.cfg.train.prompts_per_step * self.cfg.rollout.group_size
+    def distribute(self, dist: Dist):
+        "Scale-out: each process keeps its own pool (its own noise seed); the value model is wrapped like the policy"
+        self.dist = dist
+        if self.value is not None: self.critic, self.vopt = dist.prepare(self.value, self.vopt)
+
+    def batch_size(self) -> int:
+        "This process's batch: its share of `prompts_per_step` prompts, `group_size` samples each"
+        return self.cfg.train.prompts_per_step // self.dist.world * self.cfg.rollout.group_size
 
     def collect(self, step: int, sampler) -> tuple[list[TrainItem], dict]:
         "One window for a full batch from the pool; train items for the untrained tokens, and the step's metrics"
@@ -108,7 +117,10 @@ class TPPO(Algorithm):
         self.pool.put_back([e for e, f in zip(entries, fin.tolist()) if not f])
         self._finished = (done, reward[fin], V[fin])
         m = self._metrics(entries, generated_from, done, scores, reward, fin, k, sampler.tok.eos_token_id)
-        return items, {**m, "slot_utilization": utilization, "carried_tokens": sum(it.carried for it in items)}
+        m = {**m, "slot_utilization": utilization, "carried_tokens": sum(it.carried for it in items)}
+        return items, reduce_metrics(self.dist, m, summed=self.SUMMED)  # counts summed over processes, others averaged
+
+    SUMMED = {"generated_tokens", "finished", "pool_unfinished", "selected_sequences", "prefix_tokens", "carried_tokens"}
 
     @staticmethod
     def _item(e: Entry, start: int, k: int, generated_from: int, adv: torch.Tensor) -> TrainItem:
@@ -120,13 +132,14 @@ class TPPO(Algorithm):
     def _draw(self, step: int, sampler) -> list[Entry]:
         "A full batch from the pool, admitting the step's prompts first when the queue cannot fill it"
         if len(self.pool.fresh) + len(self.pool.unfinished) < self.batch_size():
-            ex = sampler.prompts(step)
+            ex = sampler.step_prompts(step)  # this process's share of the step's prompts
             self.pool.admit(ex, sampler.encode(ex))  # the prompt ids as `data.prompt_format` makes them
         return self.pool.draw(self.batch_size())
 
     def _generate(self, entries: list[Entry], step: int, sampler) -> tuple[list[int], list[Completion], float | None]:
         "One window of every entry (each resumes with its own noise key); tokens before it, completions, slot use"
-        engine, seed = sampler.engine, self.cfg.train.seed
+        # each process's pool numbers its entries from 0: its rank moves the noise seed (1,000,003: the sampler's prime)
+        engine, seed = sampler.engine, self.cfg.train.seed + 1_000_003 * self.dist.rank
         reqs = [Request(e.prompt_ids, i, e.uid, seed, list(e.tokens), list(e.logprobs)) for i, e in enumerate(entries)]
         before = dict(engine.stats)
         sp = replace(sampler.params(step), logprobs=True)  # carried tokens need their sampling log-probs
@@ -162,35 +175,41 @@ class TPPO(Algorithm):
         "Train the value model on the responses that finished this step (Monte-Carlo targets, clipped loss)"
         done, reward, v_old = self._finished or ([], None, None)
         self._finished = None
-        if not done: return dict(value_loss=None, explained_variance=None)
+        if not self.dist.any(bool(done)): return dict(value_loss=None, explained_variance=None)
         a, dev = self.cfg.algo, next(self.value.parameters()).device
-        L = torch.tensor([len(e.tokens) for e in done])
-        T = int(L.max())
+        L = torch.tensor([len(e.tokens) for e in done], dtype=torch.long)
+        T = int(L.max()) if done else 1  # a process with none still joins the critic's all-reduce
         mask = torch.arange(T)[None] < L[:, None]
-        ret = mc_returns(terminal_rewards(reward, L, torch.ones(len(done), dtype=torch.bool), T), mask, a.gamma)
+        ret = (mc_returns(terminal_rewards(reward, L, torch.ones(len(done), dtype=torch.bool), T), mask, a.gamma)
+               if done else torch.zeros(0, T))
         v_old = v_old[:, :T]
-        ev = explained_variance(v_old, ret, mask)  # held out: predicted before the critic saw these responses
-        self.value.train()
+        ev = explained_variance(v_old, ret, mask) if done else float("nan")  # held out: predicted before training
+        self.critic.train()
         for _ in range(a.value_epochs):
             tot = self._value_epoch(done, v_old, ret, mask, pad_id, dev)
-        self.value.eval()
-        return dict(value_loss=tot, explained_variance=ev if ev == ev else None)
+        self.critic.eval()
+        return reduce_metrics(self.dist, dict(value_loss=tot, explained_variance=ev if ev == ev else None),
+                              summed={"value_loss"})
 
     def _value_epoch(self, done: list[Entry], v_old, ret, mask, pad_id: int, dev) -> float:
         "One optimizer step of the critic over the finished responses (micro-batched); its loss"
         a, T, mb = self.cfg.algo, mask.shape[1], self.cfg.train.micro_batch
+        total = self.dist.sum([mask.sum()])[0]  # finished tokens of every process: the token mean's denominator
         self.vopt.zero_grad(set_to_none=True)
-        tot = 0.0
-        for i in range(0, len(done), mb):
+        tot, starts = 0.0, list(range(0, len(done), mb))
+        if not starts: self.dist.backward(self.critic(pack([[pad_id]], [[pad_id]], pad_id, dev)).sum() * 0.0)
+        for i in starts:
             sl = slice(i, i + mb)
             b = pack([e.prompt_ids for e in done[sl]], [e.tokens for e in done[sl]], pad_id, dev)
-            v = self.value(b)[:, :T]
-            Tm = v.shape[1]
-            w = mask[sl, :Tm].sum() / mask.sum()  # micro-batch share of the token mean
-            loss = value_loss(v, v_old[sl, :Tm].to(dev), ret[sl, :Tm].to(dev), mask[sl, :Tm].to(dev),
-                              a.value_clip_low, a.value_clip_high) * w
-            loss.backward(); tot += loss.item()
-        torch.nn.utils.clip_grad_norm_(self.value.parameters(), self.cfg.train.grad_clip)
+            with self.dist.sync_if(self.critic, last=i == starts[-1]):
+                v = self.critic(b)[:, :T]
+                Tm = v.shape[1]
+                w = mask[sl, :Tm].sum() / total  # micro-batch share of the token mean
+                loss = value_loss(v, v_old[sl, :Tm].to(dev), ret[sl, :Tm].to(dev), mask[sl, :Tm].to(dev),
+                                  a.value_clip_low, a.value_clip_high) * w
+                self.dist.backward(loss)
+            tot += loss.item()
+        self.dist.clip_grad_norm_(self.critic.parameters(), self.cfg.train.grad_clip)
         self.vopt.step()
         return tot
 

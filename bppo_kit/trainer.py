@@ -5,23 +5,25 @@
 # %% ../nbs/11_trainer.ipynb #e962ff92
 from __future__ import annotations
 import random, signal, threading, time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 from .config import Config, ConfigError
 from .core import Algorithm, SamplingParams, algorithm_class, make_algorithm
+from .distributed import Dist, init_dist, reduce_metrics
 from .evaluate import eval_examples, evaluate
 from .policy import add_lora, copy_weights, generation_copy, is_peft, load_policy
-from .runs import (RunDir, append_jsonl, load_trainer_state, open_run, read_jsonl_rows, save_checkpoint,
-                           set_rng_state, truncate_metrics)
+from .runs import (RunDir, append_jsonl, load_trainer_state, open_run, read_jsonl_rows, rng_state,
+                           save_checkpoint, set_rng_state, truncate_metrics)
 from .sampler import Sampler, make_engine, step_seed
 from .update import check_fused_head, update
 import bppo_kit.bppo, bppo_kit.grpo, bppo_kit.tppo  # noqa: F401 -- the built-in algorithms register themselves
 
 # %% auto #0
-__all__ = ['COSTS', 'lr_at', 'device_of', 'Session', 'check_precision', 'with_lora', 'setup', 'step_costs', 'train_step',
-           'evaluate_step', 'train']
+__all__ = ['COSTS', 'lr_at', 'device_of', 'Session', 'own_state', 'check_precision', 'with_lora', 'setup', 'step_costs',
+           'train_step', 'evaluate_step', 'open_run_on', 'rows_after', 'train']
 
 # %% ../nbs/11_trainer.ipynb #ef0a4107
 def lr_at(step: int, lr: float, warmup_steps: int = 0) -> float:
@@ -40,10 +42,24 @@ class Session:
     algo: Algorithm; engine: object; sampler: Sampler
     start: int = 0  # the first step this call trains (the checkpoint's step when resuming)
     gen: object = None  # the weights the engine decodes with: `model` itself, or its copy in the compute dtype
+    dist: Dist = field(default_factory=Dist)  # this process's place in a scale-out run (the distributed lesson)
+
+    @property
+    def policy(self):
+        "The policy module itself (`model` is it, or its DDP wrapper)"
+        return self.dist.unwrap(self.model)
 
     def save(self, run: RunDir, step: int):
-        "Checkpoint the state after `step` steps"
-        save_checkpoint(run.root, self.model, self.tok, self.opt, step, self.algo.state_dict())
+        "Checkpoint the state after `step` steps (rank 0 writes it, with every process's RNG and algorithm state)"
+        own = dict(rng=rng_state(), algo=self.algo.state_dict())
+        ranks = self.dist.gather(own) if self.dist.world > 1 else None
+        if self.dist.main: save_checkpoint(run.root, self.policy, self.tok, self.opt, step, own["algo"], ranks)
+        self.dist.barrier()
+
+def own_state(state: dict, dist: Dist) -> dict:
+    "This process's `rng` and `algo` state in a checkpoint (rank 0's when it was written by another world size)"
+    ranks = state.get("ranks")
+    return ranks[dist.rank] if ranks and len(ranks) == dist.world else state
 
 def check_precision(cfg: Config):
     "A `ConfigError` for a compute dtype the trainer cannot train in"
@@ -62,9 +78,10 @@ def with_lora(model, cfg: Config):
     if m.gradient_checkpointing: model.enable_input_require_grads()  # frozen embeddings: let checkpoints get a grad
     return model
 
-def setup(cfg: Config, run: RunDir, resume: bool = False) -> Session:
+def setup(cfg: Config, run: RunDir, resume: bool = False, dist: Dist | None = None) -> Session:
     "Seed, load the policy (from the run's checkpoint when resuming), and build optimizer, reference, algorithm, engine"
-    t, dev = cfg.train, device_of(cfg)
+    t, dist = cfg.train, dist or Dist()
+    dev = dist.acc.device if dist.world > 1 else device_of(cfg)
     check_precision(cfg)
     torch.manual_seed(t.seed); random.seed(t.seed); np.random.seed(t.seed)
     state = load_trainer_state(run.checkpoint) if resume and run.state.exists() else None
@@ -80,13 +97,17 @@ def setup(cfg: Config, run: RunDir, resume: bool = False) -> Session:
         (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=t.lr, betas=(0.9, 0.99), weight_decay=0.0)
-    if state is not None: opt.load_state_dict(state["optimizer"]); set_rng_state(state["rng"])
+    own = own_state(state, dist) if state is not None else None
+    if state is not None: opt.load_state_dict(state["optimizer"]); set_rng_state(own["rng"])
     ref = load_policy(cfg.model.name_or_path, cfg.model.dtype, dev)[0] if cfg.algo.beta > 0 else None
     algo = make_algorithm(cfg, model)
-    if state is not None and state.get("algo") is not None: algo.load_state_dict(state["algo"])
+    if own is not None and own.get("algo") is not None: algo.load_state_dict(own["algo"])
     gen = model if cfg.rollout.engine == "vllm" else generation_copy(model, cfg.model.dtype)
     engine = make_engine(cfg, gen, tok)
-    return Session(model, tok, opt, ref, algo, engine, Sampler(cfg, engine, tok), state["step"] if state else 0, gen)
+    model, opt = dist.prepare(model, opt)  # DDP / FSDP2 with several processes; unchanged on one
+    algo.distribute(dist)
+    return Session(model, tok, opt, ref, algo, engine, Sampler(cfg, engine, tok, dist=dist),
+                   state["step"] if state else 0, gen, dist)
 
 # %% ../nbs/11_trainer.ipynb #05c56d7c
 COSTS = {"decode_steps": "decode_steps", "row_steps": "busy_slot_steps", "slot_steps": "slot_steps"}
@@ -101,14 +122,15 @@ def train_step(cfg: Config, s: Session, step: int) -> dict:
     for g in s.opt.param_groups: g["lr"] = lr_at(step, cfg.train.lr, cfg.train.warmup_steps)
     # rollout → reward → advantages: the algorithm's train items (GRPO/BPPO: graded groups; T-PPO: a window)
     before = dict(getattr(s.engine, "stats", {}))
-    items, collected = s.algo.collect(step, s.sampler)
-    collected = {**collected, **step_costs(before, getattr(s.engine, "stats", {}))}
+    items, collected = s.algo.collect(step, s.sampler)  # this process's items; metrics of the whole step
+    costs = step_costs(before, getattr(s.engine, "stats", {}))  # every process's engine: summed
+    collected = {**collected, **reduce_metrics(s.dist, costs, summed=set(costs))}
     t1, reward_s = time.time(), s.sampler.take_reward_seconds()
     # update: the policy's PPO epochs with the algorithm's surrogate, then the algorithm's own work (T-PPO's critic)
-    um = update(s.model, s.opt, items, cfg, s.tok.pad_token_id, s.ref, s.algo.surrogate)
+    um = update(s.model, s.opt, items, cfg, s.tok.pad_token_id, s.ref, s.algo.surrogate, s.dist)
     um.update(s.algo.after_update(s.tok.pad_token_id))
-    copy_weights(s.gen, s.model)  # the engine's copy in the compute dtype (nothing to do in float32)
-    if hasattr(s.engine, "sync_weights"): s.engine.sync_weights(s.model)  # vLLM holds its own copy of the weights
+    copy_weights(s.gen, s.policy)  # the engine's copy in the compute dtype (nothing to do in float32)
+    if hasattr(s.engine, "sync_weights"): s.engine.sync_weights(s.policy)  # vLLM holds its own copy of the weights
     t2 = time.time()
     return dict(step=step, wall_s=round(t2 - t0, 4), rollout_s=round(t1 - t0 - reward_s, 4),
                 reward_s=round(reward_s, 4), update_s=round(t2 - t1, 4), lr=s.opt.param_groups[0]["lr"],
@@ -120,7 +142,7 @@ def evaluate_step(cfg: Config, s: Session, examples: list, step: int, progress: 
     r = cfg.rollout
     sp = SamplingParams(r.temperature, r.top_p, r.top_k, r.max_new_tokens,
                         seed=step_seed(cfg.train.seed, stream="eval"), logprobs=False)
-    return dict(step=step, **evaluate(s.model, s.tok, examples, samples=r.group_size, progress=progress,
+    return dict(step=step, **evaluate(s.policy, s.tok, examples, samples=r.group_size, progress=progress,
                                       engine=s.engine, sampling=sp, data=cfg.data))
 
 def _stop_on_signals():
@@ -134,6 +156,23 @@ def _stop_on_signals():
     old = {sg: signal.signal(sg, on) for sg in (signal.SIGINT, signal.SIGTERM)}
     return flag, lambda: [signal.signal(sg, h) for sg, h in old.items()]
 
+def open_run_on(dist: Dist, cfg: Config, resume: bool, overwrite: bool) -> RunDir:
+    "`open_run` on the writing process; the others wait for it, and fail with its one line if it fails"
+    if dist.world == 1: return open_run(cfg, resume, overwrite)
+    run, err = RunDir(Path(cfg.train.out)), None
+    if dist.main:
+        try: run = open_run(cfg, resume, overwrite)
+        except ConfigError as e: err = str(e)
+    err = dist.gather(err)[0]  # also a barrier: the folder is ready when the others go on
+    if err: raise ConfigError(err)
+    return run
+
+def rows_after(dist: Dist, run: RunDir, start: int) -> list[dict]:
+    "Drop the metric and eval rows after the checkpoint (rank 0), then every process's view of the evaluations"
+    if dist.main: truncate_metrics(run.metrics, start); truncate_metrics(run.evals, start + 1 if start else 0)
+    dist.barrier()
+    return read_jsonl_rows(run.evals)
+
 def train(cfg: Config, # the validated config
           resume: bool = False, # continue from `cfg.train.out/checkpoint`
           progress: bool = True, # show progress bars
@@ -146,20 +185,22 @@ def train(cfg: Config, # the validated config
     t = cfg.train
     algorithm_class(cfg.algo.name).check(cfg)  # an unknown algorithm, or a config it cannot run, fails before any load
     check_precision(cfg)
-    run = open_run(cfg, resume, overwrite)
-    s = setup(cfg, run, resume)
-    # rows after the checkpoint
-    truncate_metrics(run.metrics, s.start); truncate_metrics(run.evals, s.start + 1 if s.start else 0)
-    eval_set, evals = eval_examples(cfg), read_jsonl_rows(run.evals)
-    def log(path, kind, row):
+    dist = init_dist(cfg, cpu=device_of(cfg) == "cpu")  # several processes when `accelerate launch` started them
+    run = open_run_on(dist, cfg, resume, overwrite)
+    s = setup(cfg, run, resume, dist)
+    eval_set, evals = eval_examples(cfg), rows_after(dist, run, s.start)
+    def log(path, kind, row):  # rank 0 writes; the rows are the same on every process
+        if not dist.main: return
         append_jsonl(path, row)
         if on_log: on_log(kind, row)
-    def log_eval(step):
-        evals.append(evaluate_step(cfg, s, eval_set, step, progress)); log(run.evals, "eval", evals[-1])
+    def log_eval(step):  # rank 0 evaluates (with its full copy of the weights) while the others wait
+        if dist.main: evals.append(evaluate_step(cfg, s, eval_set, step, progress)); log(run.evals, "eval", evals[-1])
+        dist.barrier()
     if evaluate_every and s.start == 0 and not evals: log_eval(0)
     flag, restore = _stop_on_signals()
     end = t.steps if stop_after is None else min(t.steps, s.start + stop_after)
-    bar = tqdm(range(s.start, end), desc=f"{cfg.algo.name}", disable=not progress, initial=s.start, total=t.steps)
+    bar = tqdm(range(s.start, end), desc=f"{cfg.algo.name}", disable=not progress or not dist.main, initial=s.start,
+               total=t.steps)
     done, t_run = s.start, time.time()
     try:
         for step in bar:
@@ -170,12 +211,13 @@ def train(cfg: Config, # the validated config
                 bar.set_postfix(acc=f"{row['accuracy']:.2f}", len=f"{row['response_tokens_mean']:.0f}")
             # evaluate and checkpoint
             if evaluate_every and t.eval_every and done % t.eval_every == 0 and done < t.steps: log_eval(done)
-            if (t.save_every and done % t.save_every == 0) or flag["stop"]: s.save(run, done)
-            if flag["stop"]: raise KeyboardInterrupt
+            stop = dist.any(flag["stop"])  # a signal on any process stops them all at this step
+            if (t.save_every and done % t.save_every == 0) or stop: s.save(run, done)
+            if stop: raise KeyboardInterrupt
             if stop_event is not None and stop_event.is_set(): break  # checkpointed below, like a finished run
     finally: restore()  # a second Ctrl-C leaves mid-step without saving: the weights may hold part of a step
-    if done > s.start or not run.checkpoint.exists(): s.save(run, done)
+    if dist.any(done > s.start or not run.checkpoint.exists()): s.save(run, done)
     # also after a crash in it
-    if evaluate_every and done == t.steps and not any(e["step"] == done for e in evals): log_eval(done)
+    if evaluate_every and done == t.steps and not dist.any(any(e["step"] == done for e in evals)): log_eval(done)
     return dict(run_dir=str(run.root), steps=done, seconds=round(time.time() - t_run, 1),
                 first_eval=evals[0] if evals else None, last_eval=evals[-1] if evals else None)

@@ -10,6 +10,7 @@ from typing import NamedTuple
 import torch
 from .config import Config, ConfigError
 from .core import TrainItem, clipped_surrogate, entropy_from_logits, k3_kl
+from .distributed import Dist, bare
 from .grpo import token_weights
 from .kernels import prefix_policy_loss
 from .policy import autocast, pack, token_logprobs
@@ -18,7 +19,7 @@ from .sampler import records_logprobs
 # %% auto #0
 __all__ = ['forward_logprobs', 'MicroBatch', 'micro_batch_tensors', 'trainable', 'head_problem', 'check_fused_head',
            'head_inputs', 'kernel_logprobs', 'kernel_loss', 'tis_weights', 'active_tis_cap', 'sampler_kl',
-           'micro_batch_loss', 'policy_logprobs', 'update']
+           'micro_batch_loss', 'policy_logprobs', 'zero_loss', 'update_epoch', 'update']
 
 # %% ../nbs/10b_update.ipynb #ec15c6ed
 def forward_logprobs(model, batch: dict, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -87,13 +88,13 @@ def check_fused_head(model, loss_kernel: str):
 # %% ../nbs/10b_update.ipynb #35381cbc
 def head_inputs(model, batch: dict, mask: torch.Tensor, temperature: float = 1.0) -> tuple:
     "The fused loss's inputs for a packed batch: hidden states / T [N, H], the head's W [V, H], targets, mask [N]"
-    why = head_problem(model)
+    why = head_problem(bare(model))
     if why: raise ValueError(f"the fused loss needs a plain LM head, but {why}")
     P = batch["prompt_len"]
-    hidden = model.get_decoder()(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                                 position_ids=batch["position_ids"], use_cache=False).last_hidden_state[:, P - 1:-1]
-    hidden = hidden / temperature  # = logits / T, since the head is linear
-    return (hidden.reshape(-1, hidden.shape[-1]), model.get_output_embeddings().weight,
+    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                position_ids=batch["position_ids"], use_cache=False, output_hidden_states=True, logits_to_keep=1)
+    hidden = out.hidden_states[-1][:, P - 1:-1] / temperature  # the final norm's output / T = logits / T (linear head)
+    return (hidden.reshape(-1, hidden.shape[-1]), bare(model).get_output_embeddings().weight,
             batch["input_ids"][:, P:].reshape(-1), mask.reshape(-1))
 
 @torch.no_grad()
@@ -158,16 +159,43 @@ def policy_logprobs(model, batch: dict, mask: torch.Tensor, cfg: Config, kernel:
         h, W, targets, m = head_inputs(model, batch, mask, cfg.rollout.temperature)
         return kernel_logprobs(h, W, targets, m, cfg.train.loss_kernel).view_as(mask)
 
-def update(model, opt, items: list[TrainItem], cfg: Config, pad_id: int, ref_model=None, surrogate=None) -> dict:
+def zero_loss(model, pad_id: int, dev) -> torch.Tensor:
+    "A zero loss through the whole model: a process with nothing to train still joins the gradient all-reduce"
+    return model(input_ids=torch.full((1, 1), pad_id, device=dev), use_cache=False).logits.float().sum() * 0.0
+
+def update_epoch(model, batches: list[MicroBatch], old: list, ref: list, cfg: Config, surrogate, n_seqs: int,
+                 n_tokens: int, dist: Dist, pad_id: int, dev) -> dict:
+    "One epoch's backward passes over this process's micro-batches (gradients all-reduced after the last); its sums"
+    tot = dict(loss=0.0, clip=0.0, kl=0.0, ent=0.0, tok=0, skl=0.0, capped=0.0)
+    if not batches: dist.backward(zero_loss(model, pad_id, dev)); return tot
+    cap = active_tis_cap(cfg)
+    for i, ((batch, mask, adv, sample, carried), old_lp, ref_lp) in enumerate(zip(batches, old, ref)):
+        weights = token_weights(mask, cfg.algo.reduction, n_seqs, n_tokens, cfg.rollout.max_new_tokens)
+        with dist.sync_if(model, last=i == len(batches) - 1):
+            with autocast(cfg.model.dtype, dev):
+                loss, clipped, kl, ent, o = micro_batch_loss(model, batch, mask, adv, weights, old_lp, ref_lp, cfg,
+                                                             surrogate, sample, carried)
+            dist.backward(loss)  # outside autocast, as PyTorch recommends
+        mf = mask.float()
+        tot["loss"] += loss.item(); tot["tok"] += int(mf.sum())
+        tot["clip"] += (clipped.float() * mf).sum().item(); tot["kl"] += (kl * mf).sum().item(); tot["ent"] += ent
+        if sample is not None:
+            tot["skl"] += (sampler_kl(o, sample) * mf).sum().item()
+            if cap > 0: tot["capped"] += ((tis_weights(o, sample, cap) >= cap) * mf).sum().item()
+    return tot
+
+def update(model, opt, items: list[TrainItem], cfg: Config, pad_id: int, ref_model=None, surrogate=None,
+           dist: Dist | None = None) -> dict: # `dist`: this process's place in a scale-out run (none: one process)
     "PPO epochs over `items`; returns metrics (trained_tokens, clip_frac, kl, entropy, grad_norm, skipped, loss, …)"
-    tc, ac = cfg.train, cfg.algo
+    tc, ac, dist = cfg.train, cfg.algo, dist or Dist()
     surrogate = surrogate or partial(clipped_surrogate, eps_low=ac.eps_low, eps_high=ac.eps_high)
     with_kl = ref_model is not None and ac.beta > 0
     live = trainable(items, with_kl)
-    n_tokens = sum(max(0, it.n_train - it.start) for it in items)  # the denominators count every item
-    n_seqs = sum(it.n_train > it.start for it in items)
+    # the denominators count every item, of every process
+    n_tokens, n_seqs, n_live = (int(x) for x in dist.sum([sum(max(0, it.n_train - it.start) for it in items),
+                                                          sum(it.n_train > it.start for it in items), len(live)]))
     mets = dict(trained_tokens=0, clip_frac=0.0, kl=0.0, entropy=0.0, grad_norm=0.0, skipped=0, loss=0.0)
-    if not live: return mets
+    if not n_live: return mets
     cap = active_tis_cap(cfg)
     dev = next(model.parameters()).device
     batches = [micro_batch_tensors(live[i:i + tc.micro_batch], pad_id, dev)
@@ -175,32 +203,21 @@ def update(model, opt, items: list[TrainItem], cfg: Config, pad_id: int, ref_mod
     none = [None] * len(batches)
     old = [policy_logprobs(model, mb.batch, mb.mask, cfg) for mb in batches] if tc.mu > 1 else none
     ref = [policy_logprobs(ref_model, mb.batch, mb.mask, cfg, kernel=False) for mb in batches] if with_kl else none
+    with_sample = dist.any(bool(batches) and batches[0].sample is not None)
     model.train()
     for _ in range(tc.mu):
         opt.zero_grad(set_to_none=True)
-        tot = dict(loss=0.0, clip=0.0, kl=0.0, ent=0.0, tok=0, skl=0.0, capped=0.0)
-        for (batch, mask, adv, sample, carried), old_lp, ref_lp in zip(batches, old, ref):
-            weights = token_weights(mask, ac.reduction, n_seqs, n_tokens, cfg.rollout.max_new_tokens)
-            with autocast(cfg.model.dtype, dev):
-                loss, clipped, kl, ent, o = micro_batch_loss(model, batch, mask, adv, weights, old_lp, ref_lp, cfg,
-                                                             surrogate, sample, carried)
-            loss.backward()  # outside autocast, as PyTorch recommends
-            mf = mask.float()
-            tot["loss"] += loss.item(); tot["tok"] += int(mf.sum())
-            tot["clip"] += (clipped.float() * mf).sum().item(); tot["kl"] += (kl * mf).sum().item(); tot["ent"] += ent
-            if sample is not None:
-                tot["skl"] += (sampler_kl(o, sample) * mf).sum().item()
-                if cap > 0: tot["capped"] += ((tis_weights(o, sample, cap) >= cap) * mf).sum().item()
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
+        tot = update_epoch(model, batches, old, ref, cfg, surrogate, n_seqs, n_tokens, dist, pad_id, dev)
+        tot = dict(zip(tot, dist.sum(list(tot.values()))))  # over every process
+        grad_norm = dist.clip_grad_norm_(model.parameters(), tc.grad_clip)
         if not (math.isfinite(tot["loss"]) and torch.isfinite(grad_norm)):
             opt.zero_grad(set_to_none=True); mets["skipped"] += 1
         else: opt.step()
-        mets["trained_tokens"] += tot["tok"]
+        mets["trained_tokens"] += int(tot["tok"])
         n = max(tot["tok"], 1)
         ent = tot["ent"] / n
         mets.update(loss=tot["loss"], grad_norm=grad_norm.item(), clip_frac=tot["clip"] / n, kl=tot["kl"] / n,
                     entropy=ent if math.isfinite(ent) else None)
-        if batches[0].sample is not None:
-            mets.update(sampler_kl=tot["skl"] / n, tis_capped=tot["capped"] / n if cap > 0 else None)
+        if with_sample: mets.update(sampler_kl=tot["skl"] / n, tis_capped=tot["capped"] / n if cap > 0 else None)
     model.eval()
     return mets
