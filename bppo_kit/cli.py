@@ -4,7 +4,7 @@
 
 # %% ../nbs/12_cli.ipynb #1b1e04ef
 from __future__ import annotations
-import argparse, json, random, sys
+import argparse, json, os, random, sys
 from pathlib import Path
 import numpy as np
 import torch
@@ -17,7 +17,7 @@ from .rollout import SamplingParams
 
 # %% auto #0
 __all__ = ['COMMANDS', 'seed_everything', 'cmd_eval', 'cmd_sft', 'cmd_train', 'cmd_compare', 'cmd_probe', 'cmd_plot',
-           'load_plugin', 'build_parser', 'shorthand_overrides', 'main']
+           'load_plugin', 'build_parser', 'shorthand_overrides', 'cmd_launch', 'main']
 
 # %% ../nbs/12_cli.ipynb #5b7f3859
 def seed_everything(seed: int):
@@ -52,6 +52,8 @@ def cmd_sft(args, cfg: Config) -> int:
     return 0
 
 # %% ../nbs/12_cli.ipynb #279f2ea4
+def _rank0() -> bool: return os.environ.get("RANK", "0") in ("", "0")  # the first process of a launch, or the only one
+
 def cmd_train(args, cfg: Config) -> int:
     from bppo_kit.runs import plot_run
     from bppo_kit.trainer import train
@@ -60,8 +62,9 @@ def cmd_train(args, cfg: Config) -> int:
         st = Path(cfg.train.out) / "checkpoint" / "trainer_state.pt"
         saved = (f"the checkpoint in {st.parent} holds step {torch.load(st, weights_only=True)['step']}"
                  if st.exists() else "no checkpoint was saved")
-        print(f"bppo: interrupted; {saved} (continue with --resume)", file=sys.stderr)
+        if _rank0(): print(f"bppo: interrupted; {saved} (continue with --resume)", file=sys.stderr)
         return 130
+    if s["rank"]: return 0  # under `accelerate launch` the first process reports
     png = plot_run(cfg.train.out)
     a, b = s["first_eval"], s["last_eval"]
     if a and b:
@@ -169,6 +172,12 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("runs", nargs="+", help="run folders")
     pl.add_argument("--png", help="output PNG (default RUN/curves.png)")
     pl.set_defaults(preset="cpu-demo", config=None, overrides=[])
+    la = sub.add_parser("launch", help="run a bppo command on several processes (accelerate launch), "
+                                       "after checking that the accelerate config can run here")
+    la.add_argument("accelerate_config", help="an accelerate config file, e.g. configs/accelerate/ddp.yaml")
+    la.add_argument("--num-processes", type=int, help="processes (default: the config's num_processes)")
+    la.add_argument("command", nargs=argparse.REMAINDER, help="the bppo command and its arguments, e.g. train ...")
+    la.set_defaults(preset="cpu-demo", config=None, overrides=[])
     return ap
 
 def shorthand_overrides(args) -> list[str]:
@@ -177,8 +186,19 @@ def shorthand_overrides(args) -> list[str]:
              ("train.out", "out"), ("train.save_every", "save_every")]
     return [f"{k}={getattr(args, a)}" for k, a in pairs if getattr(args, a, None) is not None]
 
+def cmd_launch(args, cfg: Config) -> int:
+    "`accelerate launch -m bppo_kit.cli COMMAND …` with the config file, once `launch_problem` has no objection"
+    import subprocess
+    from bppo_kit.distributed import launch_problem
+    why = launch_problem(args.accelerate_config)
+    if why: raise ConfigError(why)
+    if not args.command: raise ConfigError("launch: name the bppo command to run, e.g. `train --preset cpu-demo`")
+    n = ["--num_processes", str(args.num_processes)] if args.num_processes else []
+    return subprocess.call([sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+                            args.accelerate_config, *n, "-m", "bppo_kit.cli", *args.command])
+
 COMMANDS = {"eval": cmd_eval, "sft": cmd_sft, "train": cmd_train, "compare": cmd_compare, "probe": cmd_probe,
-            "plot": cmd_plot}
+            "plot": cmd_plot, "launch": cmd_launch}
 
 def main(argv: list[str] | None = None) -> int:
     "Entry point of the `bppo` command; returns the exit code"
@@ -192,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = get_config(args.preset, args.config, extra + args.overrides)
         return COMMANDS[args.cmd](args, cfg)
     except (ConfigError, DataError) as e:
-        print(f"bppo: error: {e}", file=sys.stderr)
+        if _rank0(): print(f"bppo: error: {e}", file=sys.stderr)  # once, not once per process
         return 2
     except KeyboardInterrupt:
         print("bppo: interrupted", file=sys.stderr)

@@ -77,13 +77,16 @@ def set_rng_state(s: dict):
     torch.set_rng_state(s["torch"])
 
 def save_checkpoint(run_dir: Path, model, tok, opt, step: int, algo_state: dict | None = None,
-                    ranks: list[dict] | None = None) -> Path: # scale-out: every process's own `rng` and `algo` state
+                    ranks: list[dict] | None = None, # scale-out: every process's own `rng` and `algo` state
+                    model_state: dict | None = None, # the weights to write, if not `model`'s own (gathered shards)
+                    opt_state: dict | None = None, opt_format: str = "torch") -> Path: # ... and `opt`'s state
     "Atomically write `run_dir/checkpoint` for the state after `step` steps (with the algorithm's own state, if any)"
     final, tmp = Path(run_dir) / "checkpoint", Path(run_dir) / "checkpoint.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp); tok.save_pretrained(tmp)
-    torch.save(dict(step=step, optimizer=opt.state_dict(), rng=rng_state(), algo=algo_state, ranks=ranks),
-               tmp / "trainer_state.pt")
+    model.save_pretrained(tmp, **({"state_dict": model_state} if model_state is not None else {}))
+    tok.save_pretrained(tmp)
+    torch.save(dict(step=step, optimizer=opt.state_dict() if opt_state is None else opt_state,
+                    optimizer_format=opt_format, rng=rng_state(), algo=algo_state, ranks=ranks), tmp / "trainer_state.pt")
     old = Path(run_dir) / "checkpoint.old"
     shutil.rmtree(old, ignore_errors=True)
     if final.exists(): final.rename(old)

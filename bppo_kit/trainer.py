@@ -4,7 +4,7 @@
 
 # %% ../nbs/11_trainer.ipynb #e962ff92
 from __future__ import annotations
-import random, signal, threading, time
+import copy, random, signal, threading, time
 from dataclasses import dataclass, field
 from pathlib import Path
 import numpy as np
@@ -12,7 +12,8 @@ import torch
 from tqdm.auto import tqdm
 from .config import Config, ConfigError
 from .core import Algorithm, SamplingParams, algorithm_class, make_algorithm
-from .distributed import Dist, init_dist, reduce_metrics
+from .distributed import (Dist, checkpoint_states, full_state_dict, init_dist, load_optimizer_state,
+                                  reduce_metrics)
 from .evaluate import eval_examples, evaluate
 from .policy import add_lora, copy_weights, generation_copy, is_peft, load_policy
 from .runs import (RunDir, append_jsonl, load_trainer_state, open_run, read_jsonl_rows, rng_state,
@@ -53,8 +54,16 @@ class Session:
         "Checkpoint the state after `step` steps (rank 0 writes it, with every process's RNG and algorithm state)"
         own = dict(rng=rng_state(), algo=self.algo.state_dict())
         ranks = self.dist.gather(own) if self.dist.world > 1 else None
-        if self.dist.main: save_checkpoint(run.root, self.policy, self.tok, self.opt, step, own["algo"], ranks)
+        msd, osd, fmt = checkpoint_states(self.dist, self.model, self.opt)  # gathered in full under FSDP2
+        if self.dist.main:
+            save_checkpoint(run.root, self.policy, self.tok, self.opt, step, own["algo"], ranks, msd, osd, fmt)
         self.dist.barrier()
+
+    def refresh_engine(self):
+        "Hand the engine the updated weights: its copy in the compute dtype (FSDP2: gathered), vLLM's own"
+        if self.dist.kind == "fsdp": self.gen.load_state_dict(full_state_dict(self.dist, self.model))
+        else: copy_weights(self.gen, self.policy)  # nothing to do in float32: the engine decodes `model` itself
+        if hasattr(self.engine, "sync_weights"): self.engine.sync_weights(self.policy)  # vLLM holds its own copy
 
 def own_state(state: dict, dist: Dist) -> dict:
     "This process's `rng` and `algo` state in a checkpoint (rank 0's when it was written by another world size)"
@@ -98,13 +107,18 @@ def setup(cfg: Config, run: RunDir, resume: bool = False, dist: Dist | None = No
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=t.lr, betas=(0.9, 0.99), weight_decay=0.0)
     own = own_state(state, dist) if state is not None else None
-    if state is not None: opt.load_state_dict(state["optimizer"]); set_rng_state(own["rng"])
+    fmt = state.get("optimizer_format", "torch") if state is not None else None
+    if state is not None:
+        if fmt == "torch": opt.load_state_dict(state["optimizer"])
+        set_rng_state(own["rng"])
     ref = load_policy(cfg.model.name_or_path, cfg.model.dtype, dev)[0] if cfg.algo.beta > 0 else None
     algo = make_algorithm(cfg, model)
     if own is not None and own.get("algo") is not None: algo.load_state_dict(own["algo"])
     gen = model if cfg.rollout.engine == "vllm" else generation_copy(model, cfg.model.dtype)
+    if dist.kind == "fsdp" and gen is model: gen = copy.deepcopy(model).eval().requires_grad_(False)  # shards in place
     engine = make_engine(cfg, gen, tok)
     model, opt = dist.prepare(model, opt)  # DDP / FSDP2 with several processes; unchanged on one
+    if fmt == "fqn": load_optimizer_state(model, opt, state["optimizer"], fmt)  # an FSDP2 run's checkpoint
     algo.distribute(dist)
     return Session(model, tok, opt, ref, algo, engine, Sampler(cfg, engine, tok, dist=dist),
                    state["step"] if state else 0, gen, dist)
@@ -129,8 +143,7 @@ def train_step(cfg: Config, s: Session, step: int) -> dict:
     # update: the policy's PPO epochs with the algorithm's surrogate, then the algorithm's own work (T-PPO's critic)
     um = update(s.model, s.opt, items, cfg, s.tok.pad_token_id, s.ref, s.algo.surrogate, s.dist)
     um.update(s.algo.after_update(s.tok.pad_token_id))
-    copy_weights(s.gen, s.policy)  # the engine's copy in the compute dtype (nothing to do in float32)
-    if hasattr(s.engine, "sync_weights"): s.engine.sync_weights(s.policy)  # vLLM holds its own copy of the weights
+    s.refresh_engine()
     t2 = time.time()
     return dict(step=step, wall_s=round(t2 - t0, 4), rollout_s=round(t1 - t0 - reward_s, 4),
                 reward_s=round(reward_s, 4), update_s=round(t2 - t1, 4), lr=s.opt.param_groups[0]["lr"],
@@ -219,5 +232,5 @@ def train(cfg: Config, # the validated config
     if dist.any(done > s.start or not run.checkpoint.exists()): s.save(run, done)
     # also after a crash in it
     if evaluate_every and done == t.steps and not dist.any(any(e["step"] == done for e in evals)): log_eval(done)
-    return dict(run_dir=str(run.root), steps=done, seconds=round(time.time() - t_run, 1),
+    return dict(run_dir=str(run.root), steps=done, seconds=round(time.time() - t_run, 1), rank=dist.rank,
                 first_eval=evals[0] if evals else None, last_eval=evals[-1] if evals else None)

@@ -164,14 +164,17 @@ def zero_loss(model, pad_id: int, dev) -> torch.Tensor:
     return model(input_ids=torch.full((1, 1), pad_id, device=dev), use_cache=False).logits.float().sum() * 0.0
 
 def update_epoch(model, batches: list[MicroBatch], old: list, ref: list, cfg: Config, surrogate, n_seqs: int,
-                 n_tokens: int, dist: Dist, pad_id: int, dev) -> dict:
-    "One epoch's backward passes over this process's micro-batches (gradients all-reduced after the last); its sums"
+                 n_tokens: int, dist: Dist, pad_id: int, dev, rounds: int) -> dict:
+    "One epoch: `rounds` backward passes (this process's micro-batches, then zero ones), all-reduced after the last"
     tot = dict(loss=0.0, clip=0.0, kl=0.0, ent=0.0, tok=0, skl=0.0, capped=0.0)
-    if not batches: dist.backward(zero_loss(model, pad_id, dev)); return tot
     cap = active_tis_cap(cfg)
-    for i, ((batch, mask, adv, sample, carried), old_lp, ref_lp) in enumerate(zip(batches, old, ref)):
+    for i in range(rounds):
+        if i >= len(batches):  # every process runs as many passes as the busiest (FSDP2's all-gathers must match)
+            with dist.sync_if(model, last=i == rounds - 1): dist.backward(zero_loss(model, pad_id, dev))
+            continue
+        (batch, mask, adv, sample, carried), old_lp, ref_lp = batches[i], old[i], ref[i]
         weights = token_weights(mask, cfg.algo.reduction, n_seqs, n_tokens, cfg.rollout.max_new_tokens)
-        with dist.sync_if(model, last=i == len(batches) - 1):
+        with dist.sync_if(model, last=i == rounds - 1):
             with autocast(cfg.model.dtype, dev):
                 loss, clipped, kl, ent, o = micro_batch_loss(model, batch, mask, adv, weights, old_lp, ref_lp, cfg,
                                                              surrogate, sample, carried)
@@ -200,14 +203,16 @@ def update(model, opt, items: list[TrainItem], cfg: Config, pad_id: int, ref_mod
     dev = next(model.parameters()).device
     batches = [micro_batch_tensors(live[i:i + tc.micro_batch], pad_id, dev)
                for i in range(0, len(live), tc.micro_batch)]
-    none = [None] * len(batches)
+    none, rounds = [None] * len(batches), dist.max(len(batches))
     old = [policy_logprobs(model, mb.batch, mb.mask, cfg) for mb in batches] if tc.mu > 1 else none
+    if tc.mu > 1:  # the forwards other processes make, matched (FSDP2)
+        with torch.no_grad(): [zero_loss(model, pad_id, dev) for _ in range(rounds - len(batches))]
     ref = [policy_logprobs(ref_model, mb.batch, mb.mask, cfg, kernel=False) for mb in batches] if with_kl else none
     with_sample = dist.any(bool(batches) and batches[0].sample is not None)
     model.train()
     for _ in range(tc.mu):
         opt.zero_grad(set_to_none=True)
-        tot = update_epoch(model, batches, old, ref, cfg, surrogate, n_seqs, n_tokens, dist, pad_id, dev)
+        tot = update_epoch(model, batches, old, ref, cfg, surrogate, n_seqs, n_tokens, dist, pad_id, dev, rounds)
         tot = dict(zip(tot, dist.sum(list(tot.values()))))  # over every process
         grad_norm = dist.clip_grad_norm_(model.parameters(), tc.grad_clip)
         if not (math.isfinite(tot["loss"]) and torch.isfinite(grad_norm)):
