@@ -192,10 +192,12 @@ def cmd_launch(args, cfg: Config) -> int:
     from bppo_kit.distributed import launch_problem
     why = launch_problem(args.accelerate_config)
     if why: raise ConfigError(why)
-    if not args.command: raise ConfigError("launch: name the bppo command to run, e.g. `train --preset cpu-demo`")
-    n = ["--num_processes", str(args.num_processes)] if args.num_processes else []
+    cmd, procs = list(args.command), args.num_processes
+    if cmd[:1] == ["--num-processes"] and len(cmd) > 1: procs, cmd = int(cmd[1]), cmd[2:]  # given after the config
+    if not cmd: raise ConfigError("launch: name the bppo command to run, e.g. `train --preset cpu-demo`")
+    n = ["--num_processes", str(procs)] if procs else []
     return subprocess.call([sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-                            args.accelerate_config, *n, "-m", "bppo_kit.cli", *args.command])
+                            args.accelerate_config, *n, "-m", "bppo_kit.cli", *cmd])
 
 COMMANDS = {"eval": cmd_eval, "sft": cmd_sft, "train": cmd_train, "compare": cmd_compare, "probe": cmd_probe,
             "plot": cmd_plot, "launch": cmd_launch}

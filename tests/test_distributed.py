@@ -1,0 +1,131 @@
+"""Scale-out on accelerate (the distributed lesson), for real: 2 CPU processes with gloo against 1 process.
+
+Each run is a `bppo train` subprocess (`accelerate launch --config_file configs/accelerate/ddp.yaml`, which on a
+machine without GPUs starts CPU processes), on the shipped tiny policy, with the same global batch and seeds.
+"""
+import json, os, signal, subprocess, sys, time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from bppo_kit.config import data_dir
+
+ROOT = Path(__file__).resolve().parents[1]
+DDP = str(ROOT / "configs" / "accelerate" / "ddp.yaml")
+pytestmark = pytest.mark.skipif(not (data_dir() / "tiny_policy" / "config.json").exists(),
+                                reason="needs the shipped policy in data/tiny_policy")
+SMALL = ["train.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=48", "data.eval_size=4",
+         "train.eval_every=0", "train.micro_batch=3"]
+
+
+def env() -> dict:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+
+
+def train_cmd(out: Path, algo: str, steps: int, procs: int, extra=()) -> list[str]:
+    sets = [x for kv in SMALL + list(extra) for x in ("--set", kv)]
+    args = ["train", "--preset", "cpu-demo", "--algo", algo, "--steps", str(steps), "--out", str(out), "--quiet", *sets]
+    if procs == 1: return [sys.executable, "-m", "bppo_kit.cli", *args]
+    return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", DDP, "--num_processes", str(procs),
+            "-m", "bppo_kit.cli", *args]
+
+
+def run(cmd: list[str], timeout: int = 600) -> subprocess.CompletedProcess:
+    p = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=timeout)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    return p
+
+
+def weights(run_dir: Path) -> dict:
+    return load_file(str(run_dir / "checkpoint" / "model.safetensors"))
+
+
+def max_diff(a: dict, b: dict) -> float:
+    assert a.keys() == b.keys()
+    return max((a[k] - b[k]).abs().max().item() for k in a)
+
+
+def rows(run_dir: Path) -> list[dict]:
+    return [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines() if l.strip()]
+
+
+SAME = ("accuracy", "reward_mean", "response_tokens_mean", "generated_tokens", "selected_sequences",
+        "trained_tokens", "frac_zero_std_groups")
+
+
+@pytest.mark.parametrize("algo", ["grpo", pytest.param("bppo", marks=pytest.mark.slow)])
+def test_two_processes_train_what_one_trains(tmp_path, algo):
+    "2 steps on 2 processes and on 1, same global batch: the same parameters (1e-5) and the same step metrics"
+    run(train_cmd(tmp_path / "one", algo, 2, 1))
+    run(train_cmd(tmp_path / "two", algo, 2, 2))
+    d = max_diff(weights(tmp_path / "one"), weights(tmp_path / "two"))
+    assert d < 1e-5, d
+    assert max_diff(weights(tmp_path / "two"), load_file(str(data_dir() / "tiny_policy" / "model.safetensors"))) > 1e-4
+    one, two = rows(tmp_path / "one"), rows(tmp_path / "two")
+    assert [r["step"] for r in two] == [0, 1]  # one line per step, written once
+    for a, b in zip(one, two):  # accuracy and lengths over both processes' completions: the whole step's
+        for k in SAME:
+            if k in a: assert b[k] == pytest.approx(a[k], rel=1e-6, abs=1e-9), (k, a[k], b[k])
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-4, abs=1e-7)
+        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-4)
+    assert len((tmp_path / "two" / "eval.jsonl").read_text().splitlines()) == 2  # before and after, by rank 0
+
+
+def trainer_step(run_dir: Path) -> int | None:
+    st = run_dir / "checkpoint" / "trainer_state.pt"
+    try: return torch.load(st, weights_only=True)["step"] if st.exists() else None
+    except Exception: return None  # being written
+
+
+@pytest.mark.slow
+def test_killed_two_process_run_resumes_exactly(tmp_path):
+    "A 2-process run killed after a checkpoint and resumed logs every step once and ends where an unbroken one ends"
+    every, n = ["train.save_every=2"], 6
+    run(train_cmd(tmp_path / "whole", "grpo", n, 2, every))
+    p = subprocess.Popen(train_cmd(tmp_path / "cut", "grpo", n, 2, every), cwd=ROOT, env=env(),
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    t0 = time.time()
+    while (trainer_step(tmp_path / "cut") or 0) < 2 and p.poll() is None and time.time() - t0 < 300: time.sleep(0.05)
+    os.killpg(p.pid, signal.SIGKILL); p.wait()
+    killed_at = trainer_step(tmp_path / "cut")
+    assert killed_at is not None and killed_at < n, killed_at  # it was killed mid-run, after a checkpoint
+    run(train_cmd(tmp_path / "cut", "grpo", n, 2, every) + ["--resume"])
+    assert [r["step"] for r in rows(tmp_path / "cut")] == list(range(n))
+    assert max_diff(weights(tmp_path / "whole"), weights(tmp_path / "cut")) < 1e-6
+    w, c = rows(tmp_path / "whole"), rows(tmp_path / "cut")
+    assert [r["accuracy"] for r in w] == [r["accuracy"] for r in c]
+
+
+@pytest.mark.slow
+def test_tppo_runs_on_two_processes(tmp_path):
+    "T-PPO: each process its own pool, the critic wrapped like the policy; counts summed over processes"
+    out = tmp_path / "tppo"
+    run(train_cmd(out, "tppo", 2, 2, ["rollout.window=16"]))
+    r = rows(out)
+    assert [x["step"] for x in r] == [0, 1]
+    assert all(x["generated_tokens"] > 0 and x["trained_tokens"] > 0 for x in r)
+    assert (out / "checkpoint" / "model.safetensors").exists()
+    ranks = torch.load(out / "checkpoint" / "trainer_state.pt", weights_only=True)["ranks"]
+    assert len(ranks) == 2 and ranks[0]["algo"]["pool"] != ranks[1]["algo"]["pool"]  # each process's own pool
+
+
+def test_launch_refuses_what_cannot_run_here(tmp_path):
+    "`bppo launch` with a DeepSpeed config (not installed here) or FSDP on a CPU-only machine: one line, exit 2"
+    cases = [("deepspeed_zero3.yaml", "DeepSpeed")]
+    if not torch.cuda.is_available(): cases.append(("fsdp2.yaml", "FSDP was asked for"))
+    for name, msg in cases:
+        p = subprocess.run([sys.executable, "-m", "bppo_kit.cli", "launch", str(ROOT / "configs" / "accelerate" / name),
+                            "--num-processes", "2", "train", "--steps", "1", "--out", str(tmp_path / "x")],
+                           cwd=ROOT, env=env(), capture_output=True, text=True, timeout=120)
+        assert p.returncode == 2 and msg in p.stderr and p.stderr.count("\n") == 1, p.stderr
+
+
+@pytest.mark.slow
+def test_bppo_launch_runs_two_processes(tmp_path):
+    "`bppo launch configs/accelerate/ddp.yaml --num-processes 2 train …` is `accelerate launch` of the same command"
+    sets = [x for kv in SMALL for x in ("--set", kv)]
+    run([sys.executable, "-m", "bppo_kit.cli", "launch", DDP, "--num-processes", "2", "train", "--steps", "1",
+         "--out", str(tmp_path / "l"), "--quiet", *sets])
+    assert [r["step"] for r in rows(tmp_path / "l")] == [0]
