@@ -129,3 +129,14 @@ def test_bppo_launch_runs_two_processes(tmp_path):
     run([sys.executable, "-m", "bppo_kit.cli", "launch", DDP, "--num-processes", "2", "train", "--steps", "1",
          "--out", str(tmp_path / "l"), "--quiet", *sets])
     assert [r["step"] for r in rows(tmp_path / "l")] == [0]
+
+
+@pytest.mark.slow
+def test_fsdp2_code_on_two_cpu_processes(tmp_path):
+    "FSDP2 (PyTorch's fully_shard; accelerate runs FSDP on GPUs only): the kit's update, gathers and checkpoints"
+    run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(ROOT / "tests" / "fsdp2_check.py"),
+         str(tmp_path)])
+    r = json.loads((tmp_path / "fsdp2.json").read_text())
+    for kernel in ("naive", "chunked"):  # the sharded update is the one-process update
+        assert r[kernel]["max_diff"] < 1e-5 and r[kernel]["moved"] > r[kernel]["lr"] / 2, r
+    assert r["checkpoint_diff"] == 0.0 and r["optimizer_format"] == "fqn" and r["optimizer_states"] > 0, r
