@@ -200,7 +200,8 @@ def gold_answer(gold, # the reference: bare, `... #### N`, a solution with `\box
     elif "\\boxed" in g or "\\fbox" in g:
         b = boxed_answer(g)
         if b is not None: g = b[1]
-    elif not looks_bare(g) and (a := extract_answer(g, False, bare=False))[1] == "phrase": g = a[0]  # Final Answer: ...
+    elif len(g) > 30 and not looks_bare(g) and (a := extract_answer(g, False, bare=False))[1] == "phrase":
+        g = a[0]  # Final Answer: The final answer is $28 \\%$. I hope it is correct.
     g = g.strip()
     if re.fullmatch(r"-?\d+\.0+", g): g = g.split(".")[0]  # AMC: 27.0 -> 27
     if task == "aime24" and re.fullmatch(r"0\d+", g): g = str(int(g))  # AIME: 025 -> 25
@@ -525,8 +526,8 @@ def quick_equal(pred: str, gold: str) -> bool | None:
     if any(_key(p) == _key(g) for p in ps for g in gs): return True
     if _BASE.fullmatch(ps[0]) and _BASE.fullmatch(gs[0]): return False  # 52_8 vs 52_9, or 41_8 vs 52_7: not the same
     if {_shape(ps[0]), _shape(gs[0])} == {"set", "tuple"}: return False  # the point (1, 2) is not the set {1, 2}
-    if _broken_mixed(ps[0]) or _broken_mixed(gs[0]): return False  # 11 6/6 equals nothing
-    if _entrywise(ps[0], gs[0]): return True  # (0.6, 2.6667] for (3/5, 8/3]
+    if ("/" in ps[0] or "/" in gs[0]) and (_broken_mixed(ps[0]) or _broken_mixed(gs[0])): return False  # 11 6/6
+    if ps[0][:1] in "([\\" and gs[0][:1] in "([\\" and _entrywise(ps[0], gs[0]): return True  # (0.6, 2.6667]
     verdicts = [numbers_equal(p, g) for p in ps for g in gs]
     if True in verdicts: return True
     if None not in verdicts: return False
