@@ -14,10 +14,10 @@ from multiprocessing.connection import wait as _wait_conns
 
 # %% auto #0
 __all__ = ['MAX_CHARS', 'MAX_ANSWER', 'TASK_POLICIES', 'HARD_MARGIN', 'WORKER_MEMORY', 'CACHE', 'ANCHORED', 'FORMAT_RULES',
-           'DEFAULT_WORKERS', 'Score', 'clean_text', 'last_boxed', 'looks_bare', 'extract_answer', 'Policy',
-           'gold_answer', 'normalize_answer', 'to_number', 'answer_forms', 'numbers_equal', 'quick_equal', 'too_big',
-           'symbolic_equal', 'plain_math_verify', 'have_math_verify', 'SymbolicPool', 'get_pool', 'check_format',
-           'score', 'score_batch', 'reward_fn', 'agreement']
+           'DEFAULT_WORKERS', 'Score', 'clean_text', 'last_boxed', 'boxed_answer', 'looks_bare', 'extract_answer',
+           'Policy', 'gold_answer', 'normalize_answer', 'to_number', 'answer_forms', 'numbers_equal', 'quick_equal',
+           'too_big', 'symbolic_equal', 'plain_math_verify', 'have_math_verify', 'SymbolicPool', 'get_pool',
+           'check_format', 'score', 'score_batch', 'reward_fn', 'agreement']
 
 # %% ../nbs/01_verifier.ipynb #979b7d17
 @dataclass(frozen=True)
@@ -69,22 +69,64 @@ def last_boxed(text: str) -> str | None:
     spans = _boxed_spans(text)
     return spans[-1][1] if spans else None
 
+_GLUE = re.compile(r"\\(?:text|textrm|textnormal|mbox|mathrm)\s*\{([^{}]{0,20})\}|\$|\\[()\[\]]|\\q?quad(?![A-Za-z])"
+                   r"|\\[,;:! ]|~|&")  # delimiters and spacing between boxes; \text{and} keeps its word
+_CONNECTIVE = re.compile(r"(?:[A-Za-z]{2,15}\s*)?(?:,|;|and|or|,\s*and|,\s*or)?", re.I)  # "apples and", ",", ""
+def boxed_answer(text: str, spans: list | None = None) -> tuple[int, str] | None:
+    "(position, content) of the last box, joined with the boxes just before it when only a connective separates them"
+    spans = [x for x in (_boxed_spans(text) if spans is None else spans) if x[1]]
+    if not spans: return None
+    group, ends = [spans[-1]], _brace_pairs(text)
+    for prev in reversed(spans[:-1]):
+        j = text.find("{", prev[0]); end = ends.get(j, -1) + 1 if j >= 0 else 0
+        between = text[end:group[0][0]] if 0 < end <= group[0][0] else "#"
+        if len(between) > 60 or not _CONNECTIVE.fullmatch(_GLUE.sub(r" \1 ", between).strip()): break
+        group.insert(0, prev)
+    parts = list(dict.fromkeys(c for _, c in group))  # the same box written twice is one answer
+    return group[0][0], ", ".join(parts)
+
 # %% ../nbs/01_verifier.ipynb #5ae1e95e
-_SPAN = re.compile(r"(?<!\\)\$\$(.{1,1000}?)(?<!\\)\$\$|(?<!\\)\$(.{1,1000}?)(?<!\\)\$"  # $$…$$, $…$ (not \$)
-                   r"|\\\((.{1,1000}?)\\\)|\\\[(.{1,1000}?)\\\]", re.DOTALL)  # \(…\), \[…\]
+_SPAN = re.compile(r"(?<!\\)\$\$(.{1,1000}?)(?<!\\)\$\$|(?<!\\)\$([^\n]{1,1000}?)(?<!\\)\$"  # $$…$$, $…$ (not \$)
+                   r"|\\\(([^\n]{1,1000}?)\\\)|\\\[(.{1,1000}?)\\\]", re.DOTALL)  # \(…\) on one line, \[…\]
+# a number: 1,234,567 | a decimal comma 3,75 (not in a list) | 12, 2.5, 3/4 | .5 ; never glued to a letter (QX7RZB)
+_NUMBER = re.compile(r"-?(?<![A-Za-z])\d{1,3}(?:,\d{3})+(?:\.\d+)?(?![\d,])|(?<![(\[,\d])-?\d+,\d{1,2}(?![\d,)\]])"
+                     r"|-?(?<![A-Za-z])\d+(?:\.\d+)?(?:/\d+)?|-?\.\d+")
 def _span_content(m: re.Match) -> str: return next(g for g in m.groups() if g is not None).strip()
 
+def _leading_spans(s: str) -> str | None:
+    "The contents of the math spans that open `s`, joined when a connective separates them (`$12$ and $13$`)"
+    out, i = [], 0
+    while m := _SPAN.match(s, i):
+        out.append(_span_content(m)); i = m.end()
+        c = re.match(r"\s*(?:,\s*and|,\s*or|,|and|or)\s*(?=\$|\\\(|\\\[)", s[i:])
+        if not c: break
+        i += c.end()
+    return ", ".join(out) if out else None
+
+_VERB = re.compile(r"\s(?:is|are|was|were|equals|=)\s+")
+def _sentence_answer(s: str) -> str:
+    "The answer stated in a sentence: what follows its last 'is'/'are'/'=', else its last math span or number"
+    tail = _VERB.split(s)[-1].strip()
+    if (lead := _leading_spans(tail)) is not None: return lead
+    if tail != s and looks_bare(tail): return tail
+    spans, nums = list(_SPAN.finditer(tail)), list(_NUMBER.finditer(tail))
+    last = max(spans[-1:] + nums[-1:], key=lambda m: m.start(), default=None)
+    if last is None: return s
+    return _span_content(last) if last.re is _SPAN else last.group()
+
 def _phrase_answer(s: str) -> str:
-    "The answer in the text that follows 'the answer is': a leading math span, or the sentence up to its end"
-    s = s.strip().lstrip("}").strip().strip("*").strip()  # \textbf{Answer:} 5, **Answer:** 5, the answer is **5**
-    m = _SPAN.match(s)
-    if m: return _span_content(m)
+    "The answer in the text that follows 'the answer is': leading math spans, or the sentence up to its end"
+    s = re.sub(r'^\\?"|\\?"(?=\.?$)', "", s.strip().lstrip("}").strip().strip("*").strip())  # **5**, "5"
+    if (lead := _leading_spans(s)) is not None: return lead
     s = re.split(r"(?<=\S)\.(?:\s|$)|;| because | since | as | so ", s, maxsplit=1)[0]
     s = re.sub(r"(?<=\S)\s+\([A-Za-z][A-Za-z ]+\)$", "", s.strip().rstrip("."))  # 7 (seven)
-    return s.strip().rstrip(".,;:").strip("*").strip()
+    s = s.strip().rstrip(".,;:").strip("*").strip()
+    if looks_bare(s) or not re.search(r"\d|\$|\\\(", s) or re.search(r"\bnot\b|n't\b", s): return s  # "not 11"
+    return _sentence_answer(s)
 
 _COMMAND_OR_TEXT = re.compile(r"\\(?:text|textbf|mathrm|mbox|begin|end)\s*\{[^{}]{0,100}\}|\\[A-Za-z]+")
-_BARE_WORDS = {"and", "or", "sqrt", "pi", "infty", "inf", "infinity", "percent", "dollars", "cents", "degrees", "units",
+_BARE_WORDS = {"and", "or", "sqrt", "pi", "infty", "inf", "infinity", "percent", "percentage", "pct", "dollars",
+               "cents", "degrees", "units",
                "thousand", "million", "billion", "trillion", "option", "choice"}
 def looks_bare(text: str) -> bool:
     "Is `text` itself an answer (short, and no prose words outside LaTeX commands), like `$\\frac12$` or `7,425,000`?"
@@ -99,8 +141,18 @@ _HASH = re.compile(r"####[ \t]*([^\n]{0,300})")
 # "the answer is", "final answer:", "Answer:" at a line start ("check our answer: ..." is not one)
 _PHRASE = re.compile(r"(?im)(?:\b(?:the|my)\s+(?:final\s+)?answer\s+is\b\s*:?|\bfinal\s+answer\s*(?:is\b|:)\s*:?"
                      r"|^[ \t*#]*(?:\\text(?:bf)?\{\s*)?answer\s*[:=])[ \t*]*([^\n]{0,300})")
-_NUMBER = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?(?!\d)|-?\d+(?:\.\d+)?(?:/\d+)?|-?\.\d+")
 _CALC = re.compile(r"<<[^<>\n]{0,200}>>")
+_SPLIT = re.compile(r"(?<![\\$])\$[ \t]*\n[^$]{0,300}?\n[ \t]*\$(?!\$)|\\\([ \t]*\n.{0,300}?\n[ \t]*\\\)", re.DOTALL)
+def _fallback(text: str):
+    "The last math span or the last number, whichever comes later; an inline delimiter split over lines hides its text"
+    text = _SPLIT.sub(" ", _CALC.sub("", text)) if "\n" in text or "<<" in text else text
+    spans = [m for m in _SPAN.finditer(text) if _span_content(m)]
+    nums = list(_NUMBER.finditer(text))
+    if nums and spans and spans[-1].start() <= nums[-1].start() < spans[-1].end(): nums = []  # inside the span
+    if spans and not (nums and nums[-1].start() > spans[-1].end()): return _span_content(spans[-1])[:MAX_ANSWER], "math"
+    if nums: return nums[-1].group()[:MAX_ANSWER], "number"
+    return None, None
+
 def extract_answer(text: str, # the model's response (or a bare answer)
                    last_number: bool = True, # allow the fallbacks: last math span, then last number
                    *, bare: bool = True): # a short all-math text counts as the answer itself
@@ -109,8 +161,8 @@ def extract_answer(text: str, # the model's response (or a bare answer)
     found = []  # (position, answer, how) of the last anchor of each kind
     h = [m for m in _HASH.finditer(text) if m.group(1).strip()]
     if h: found.append((h[-1].start(), h[-1].group(1).strip().rstrip("."), "hash"))
-    b = [x for x in _boxed_spans(text) if x[1]]  # an empty \boxed{} answers nothing
-    if b: found.append((b[-1][0], b[-1][1], "boxed"))
+    b = boxed_answer(text)  # an empty \boxed{} answers nothing; adjacent boxes answer together
+    if b: found.append((*b, "boxed"))
     p = [m for m in _PHRASE.finditer(text) if m.group(1).strip()] if "answer" in text.lower() else []  # skip the scan
     if p:
         a, inner = p[-1].group(1), 0
@@ -123,11 +175,7 @@ def extract_answer(text: str, # the model's response (or a bare answer)
         _, a, how = max(found, key=lambda f: f[0])
         return a[:MAX_ANSWER], how
     if bare and looks_bare(text): return text.strip().rstrip(".")[:MAX_ANSWER], "bare"
-    if last_number:
-        spans = list(_SPAN.finditer(text))
-        if spans and _span_content(spans[-1]): return _span_content(spans[-1])[:MAX_ANSWER], "math"
-        nums = _NUMBER.findall(_CALC.sub("", text))
-        if nums: return nums[-1][:MAX_ANSWER], "number"
+    if last_number: return _fallback(text)
     return None, None
 
 # %% ../nbs/01_verifier.ipynb #07b6f631
@@ -150,8 +198,10 @@ def gold_answer(gold, # the reference: bare, `... #### N`, a solution with `\box
     g = clean_text(gold)
     if "####" in g: g = g.rsplit("####", 1)[1].strip().split("\n")[0]
     elif "\\boxed" in g or "\\fbox" in g:
-        b = last_boxed(g)
-        if b is not None: g = b
+        b = boxed_answer(g)
+        if b is not None: g = b[1]
+    elif len(g) > 30 and not looks_bare(g) and (a := extract_answer(g, False, bare=False))[1] == "phrase":
+        g = a[0]  # Final Answer: The final answer is $28 \\%$. I hope it is correct.
     g = g.strip()
     if re.fullmatch(r"-?\d+\.0+", g): g = g.split(".")[0]  # AMC: 27.0 -> 27
     if task == "aime24" and re.fullmatch(r"0\d+", g): g = str(int(g))  # AIME: 025 -> 25
@@ -258,12 +308,12 @@ def normalize_answer(s: str) -> str:
     s = s.strip()
     if _PLAIN_NUMBER.fullmatch(s): return s  # the common case, kept fast
     s = clean_text(s[:MAX_ANSWER]).translate(_UNICODE).strip()
-    s = re.sub(r"^\$+|\$+$|\\\(|\\\)|^\\\[|\\\]$", "", s).strip()
+    s = re.sub(r"^\$+|\$+$|\\\(|\\\)|^\\\[|\\\]$|(?<!\\)\\$", "", s).strip()  # and a stray trailing \\
     s = re.sub(r"\\(?:boxed|fbox)\s*(?=\{)", "", s)
     s = re.sub(r"\{,\}|,\\!\s?", ",", s)  # LaTeX thousands separators: 10{,}000 and 10,\!000
     s = re.sub(r"\\(?:left|right)(?![A-Za-z])|\\(?:displaystyle|textstyle)(?![A-Za-z])", "", s)
     s = re.sub(r"(?<!\\)\\[!,;: ]|\\q?quad(?![A-Za-z])|~", " ", s)
-    s = re.sub(r"\\[dt]frac(?![A-Za-z])", r"\\frac", s)
+    s = re.sub(r"\\[dt]frac(?![A-Za-z])", r"\\frac", s).replace("\\textnormal", "\\text")
     if "angle" in s: s = re.sub(r"\\[lr]angle(?![A-Za-z])", lambda m: "(" if m.group()[1] == "l" else ")", s)  # <1, 2>
     if "circ" in s:  # degrees: radians inside a trig function (sin 30° = 1/2), else only a unit to drop
         if _TRIG.search(s): s = re.sub(r"(\d+(?:\.\d+)?)\s*" + _DEG, r"(\1\\pi/180)", s)
@@ -271,7 +321,7 @@ def normalize_answer(s: str) -> str:
     if (("<" in s or ">" in s or "\\le" in s or "\\ge" in s or "\\lt" in s or "\\gt" in s)
             and ("or" in s or "\\cup" in s or "\\vee" in s)):
         s = _inequality_union(s)
-    s = re.sub(r"\\(?:text|textrm|mbox|mathrm)\s*\{\s*(?:or|and)\s*\}", ",", s)
+    s = re.sub(r",?\s*\\(?:text|textrm|mbox|mathrm)\s*\{\s*(?:or|and)\s*\}", ",", s)
     if "\\text" in s or "\\mbox" in s or "\\mathrm" in s: s = _drop_text_unit(s)
     for cmd in ("textbf", "textit", "textrm", "text", "mbox", "mathrm", "mathbf", "operatorname"):
         if "\\" + cmd in s: s = _unwrap(s, cmd)
@@ -283,7 +333,7 @@ def normalize_answer(s: str) -> str:
     s = re.sub(r"(?<![\\A-Za-z])(sqrt|pi|infty)(?![A-Za-z])", r"\\\1", s)
     s = re.sub(r"(?<![A-Za-z])\\?(?:infinity|infin|inf)(?![A-Za-z])", r"\\infty", s)
     if s.startswith("**"): s = re.sub(r"^\*\*(.+)\*\*$", r"\1", s)  # markdown bold
-    s = s.replace("**", "^").strip().rstrip(".").strip()
+    s = s.replace("**", "^").strip().rstrip(".,").strip()
     m = re.fullmatch(r"(.*?\d)\s*(?:percent|pct)\.?", s)
     if m: s = m.group(1) + "%"
     m = ("illion" in s or "thousand" in s) and re.fullmatch(  # 1.5 million: a number, not a unit
@@ -310,7 +360,7 @@ def normalize_answer(s: str) -> str:
     return s.strip()
 
 # %% ../nbs/01_verifier.ipynb #82247455
-_NUM_RE = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d{1,3}(?: \d{3})+|\d+)(?:\.\d+)?|[-+]?\.\d+")  # 1,234 and 1 234
+_NUM_RE = re.compile(r"[-+]?(?:[1-9]\d{0,2}(?:,\d{3})+|[1-9]\d{0,2}(?: \d{3})+|\d+)(?:\.\d+)?|[-+]?\.\d+")  # 1,234
 def _plain(s: str) -> Fraction | None:
     if not _NUM_RE.fullmatch(s): return None
     return Fraction(s.replace(",", "").replace(" ", ""))
@@ -326,11 +376,13 @@ def _repeating(m: re.Match) -> Fraction:
 _FRAC_RE = re.compile(r"(-?)\\frac\s*(?:\{\s*(-?\d+)\s*\}|(\d))\s*(?:\{\s*(\d+)\s*\}|(\d))")
 _SCI_RE = re.compile(r"(.+?)\s*(?:\\times|\\cdot|\*|x)\s*10\s*\^\s*\{?\s*(-?\d{1,3})\s*\}?")
 _E_RE = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)[eE][-+]?\d{1,3}")  # 2.5e3
+_MIXED = re.compile(r"([-+]?)(\d{1,3}(?: \d{3})+|\d+) (\d+)/(\d+)")  # 2 1/2, 1 000 4/9
+def _proper(m: re.Match) -> bool: return int(m.group(3)) < int(m.group(4))  # 11 6/6 and 4 4/0 are no mixed numbers
 def to_number(s: str) -> Fraction | None:
     "`s` as an exact `Fraction` if it is a plain number (1,234, 2.5, 3/4, \\frac34, 2\\frac12, 50%, $7, 1.5\\times10^3)"
     if not isinstance(s, str): return None
     s = s.strip()
-    if len(s) > 64: return None
+    if len(s) > 64 or ", " in s: return None  # 41, 207 is two numbers, not 41207
     if "\\" in s or "$" in s or "%" in s or " " in s or not s.isascii():
         s = re.sub(r"(?<!\d) | (?!\d)", "", normalize_answer(s))
     pct = s.endswith("%")
@@ -348,9 +400,9 @@ def to_number(s: str) -> Fraction | None:
               and int(m.group(5) or m.group(6))):  # 2\frac{1}{2}, 2\frac12
             v = int(m.group(2)) + Fraction(int(m.group(3) or m.group(4)), int(m.group(5) or m.group(6)))
             v = -v if m.group(1) else v
-        elif (m := re.fullmatch(r"(-?)(\d+) (\d+)/(\d+)", s)) and int(m.group(4)):  # mixed number 2 1/2
-            v = int(m.group(2)) + Fraction(int(m.group(3)), int(m.group(4)))
-            v = -v if m.group(1) else v
+        elif (m := _MIXED.fullmatch(s)) and _proper(m):  # mixed number 2 1/2, +11 5/6, 1 000 4/9
+            v = int(m.group(2).replace(" ", "")) + Fraction(int(m.group(3)), int(m.group(4)))
+            v = -v if m.group(1) == "-" else v
         elif _E_RE.fullmatch(s): v = Fraction(s)
         elif m := _REPEAT_RE.fullmatch(s): v = _repeating(m)
         elif (m := _SCI_RE.fullmatch(s)) and (a := _plain(m.group(1))) is not None:
@@ -411,14 +463,32 @@ def _terminating(q: Fraction) -> bool:
         while d % p == 0: d //= p
     return d == 1
 
-def numbers_equal(a: str, b: str) -> bool | None:
+_COMMA = re.compile(r"-?\d+,\d+")
+def _comma_decimal(s: str) -> Fraction | None:
+    "`s` read with a decimal comma (3,75; 2500,5; 0,111) when it cannot be a thousands separator (1,250 stays 1250)"
+    s = s.strip()
+    if not _COMMA.fullmatch(s) or re.fullmatch(r"-?[1-9]\d{0,2}(?:,\d{3})+", s): return None
+    return Fraction(s.replace(",", "."))
+
+def _rounds_to(s: str, v: Fraction, exact: Fraction, places: int) -> bool:
+    "Is the decimal `s` (value `v`) `exact` rounded half-up to its own decimals, with at least `places` of them?"
+    k = len(s.strip().rstrip("%").split(".")[-1])
+    if "." not in s or k < places: return False
+    q = abs(exact) * 10 ** k + Fraction(1, 2)
+    return (q.numerator // q.denominator) * (1 if exact >= 0 else -1) == v * 10 ** k
+
+def numbers_equal(a: str, b: str, places: int = 4) -> bool | None:
     "True/False if both `a` and `b` are plain numbers (`%` may be dropped or applied), None if either is not"
     x, y = to_number(a), to_number(b)
+    if x is None and y is not None and "," not in b: x = _comma_decimal(a)
+    if y is None and x is not None and "," not in a: y = _comma_decimal(b)
     if x is None or y is None: return None
     if x == y: return True
     pa, pb = a.rstrip().endswith("%"), b.rstrip().endswith("%")
     if pa != pb and ((pa and x * 100 == y) or (pb and y * 100 == x)): return True  # 50% vs 50; but 25% is not 0.25%
     decimal = lambda s: "." in s and "/" not in s and "frac" not in s and "overline" not in s and "bar" not in s
+    if (decimal(a) and not _terminating(y) and _rounds_to(a, x, y, places)) or (
+            decimal(b) and not _terminating(x) and _rounds_to(b, y, x, places)): return True  # 0.3333 for 1/3
     if (decimal(a) and not _terminating(y)) or (decimal(b) and not _terminating(x)): return None  # rounding question
     return False
 
@@ -427,6 +497,25 @@ def _shape(f: str) -> str | None:
     if f.startswith("\\{") and f.endswith("\\}") and "(" not in f and "[" not in f: return "set"
     if f[:1] in "([" and f[-1:] in ")]" and "," in f and "\\cup" not in f: return "tuple"
     return None
+
+_MATRIX = re.compile(r"\(?\s*\\begin\{([pb]matrix)\}(.*)\\end\{\1\}\s*\)?", re.DOTALL)
+def _entries(f: str):
+    "(shape, entries) of a tuple or interval `(a, b]` or a matrix, or None"
+    if m := _MATRIX.fullmatch(f):
+        rows = [r.split("&") for r in m.group(2).split("\\\\") if r.strip()]
+        return ("matrix", tuple(map(len, rows))), [x.strip() for r in rows for x in r]
+    if f[:1] in "([" and f[-1:] in ")]" and "\\cup" not in f and "(" not in f[1:-1] and "[" not in f[1:-1]:
+        parts = _split_top(f[1:-1])
+        if len(parts) > 1: return (f[0] + f[-1], len(parts)), [x.strip() for x in parts]
+    return None
+
+def _entrywise(p: str, g: str) -> bool:
+    "Do two tuples, intervals or matrices of the same shape hold equal numbers, decimals at their own precision (2+)?"
+    a, b = _entries(p), _entries(g)
+    if not (a and b and a[0] == b[0]): return False
+    return all(numbers_equal(x, y, places=2) for x, y in zip(a[1], b[1], strict=True))
+
+def _broken_mixed(s: str) -> bool: return bool((m := _MIXED.fullmatch(s.strip())) and not _proper(m))
 
 def quick_equal(pred: str, gold: str) -> bool | None:
     "Fast verdict on `pred` vs `gold`: True, False, or None when symbolic equivalence must decide"
@@ -437,6 +526,8 @@ def quick_equal(pred: str, gold: str) -> bool | None:
     if any(_key(p) == _key(g) for p in ps for g in gs): return True
     if _BASE.fullmatch(ps[0]) and _BASE.fullmatch(gs[0]): return False  # 52_8 vs 52_9, or 41_8 vs 52_7: not the same
     if {_shape(ps[0]), _shape(gs[0])} == {"set", "tuple"}: return False  # the point (1, 2) is not the set {1, 2}
+    if ("/" in ps[0] or "/" in gs[0]) and (_broken_mixed(ps[0]) or _broken_mixed(gs[0])): return False  # 11 6/6
+    if ps[0][:1] in "([\\" and gs[0][:1] in "([\\" and _entrywise(ps[0], gs[0]): return True  # (0.6, 2.6667]
     verdicts = [numbers_equal(p, g) for p in ps for g in gs]
     if True in verdicts: return True
     if None not in verdicts: return False

@@ -108,6 +108,28 @@ def test_near_misses_from_the_second_table(gold, pred):
     "Rules added for the second table must not over-accept: letters are not units, `2 5` is not 25, a scale is no unit"
     assert not score(pred, gold).correct
 
+FIELD = [  # issue 17: the field's graders' conventions, in examples of our own (gold, prediction, correct)
+    ("4, 9", "so $\\boxed{4}$, $\\boxed{9}$", True),
+    ("(2, 5), (5, 2)", "\\boxed{(2, 5)} \\quad\\text{and}\\quad \\boxed{(5, 2)}", True),
+    ("3, 8", "\\boxed{3} cats and \\boxed{8} dogs", True),
+    ("8", "first \\boxed{3}, then I realised it is \\boxed{8}", True),
+    ("3", "first \\boxed{3}, then I realised it is \\boxed{8}", False), ("\\boxed{6}\\boxed{7}", "\\boxed{6, 7}", True),
+    ("23", "Final Answer: The least $m$ is 23.", True), ("40", "So the perimeter of $ABCD$ is 40", True),
+    ("6", "Final Answer: Ann arrived 6 minutes early.", True), ("13", "The answer is not 13; it is 14.", False),
+    ("(\\frac{1}{3}, \\frac{5}{6})", "(0.33, 0.83)", True), ("[\\frac{1}{6}, \\frac{7}{3})", "[0.1667, 2.3333)", True),
+    ("\\frac{2}{7}", "0.2857", True), ("\\frac{2}{7}", "0.29", False), ("(\\frac{1}{3}, 1)", "(0.34, 1)", False),
+    ("4.25", "4,25", True), ("1350.5", "1350,5", True), ("6.3", "Le prix est de 6,30 €", True),
+    ("2500000", "2,500,000", True), ("52318", "52, 318", False),
+    ("45", "45\\textnormal{ cm}", True), ("81", "81\\", True), ("7", "ZK7QW", False),
+    ("8", "Answer $ \n 8 \n $", False),
+    ("8", "Answer $$ \n 8 \n $$", True), ("\\frac{53}{8}", "6 5/8", True), ("9", "8 8/8", False),
+    ("14", "With $x = \\frac{a}{2}$ we find 14 solutions.", True),
+]
+
+@pytest.mark.parametrize("gold,pred,want", FIELD)
+def test_field_conventions(gold, pred, want):
+    assert score(pred, gold).correct is want
+
 # ---- safety: hostile inputs ----------------------------------------------------------------------------------------
 
 HOSTILE = {
