@@ -86,7 +86,8 @@ def save_checkpoint(run_dir: Path, model, tok, opt, step: int, algo_state: dict 
     model.save_pretrained(tmp, **({"state_dict": model_state} if model_state is not None else {}))
     tok.save_pretrained(tmp)
     torch.save(dict(step=step, optimizer=opt.state_dict() if opt_state is None else opt_state,
-                    optimizer_format=opt_format, rng=rng_state(), algo=algo_state, ranks=ranks), tmp / "trainer_state.pt")
+                    optimizer_format=opt_format, rng=rng_state(), algo=algo_state, ranks=ranks),
+               tmp / "trainer_state.pt")
     old = Path(run_dir) / "checkpoint.old"
     shutil.rmtree(old, ignore_errors=True)
     if final.exists(): final.rename(old)

@@ -120,7 +120,8 @@ class TPPO(Algorithm):
         m = {**m, "slot_utilization": utilization, "carried_tokens": sum(it.carried for it in items)}
         return items, reduce_metrics(self.dist, m, summed=self.SUMMED)  # counts summed over processes, others averaged
 
-    SUMMED = {"generated_tokens", "finished", "pool_unfinished", "selected_sequences", "prefix_tokens", "carried_tokens"}
+    SUMMED = {"generated_tokens", "finished", "pool_unfinished", "selected_sequences", "prefix_tokens",
+              "carried_tokens"}
 
     @staticmethod
     def _item(e: Entry, start: int, k: int, generated_from: int, adv: torch.Tensor) -> TrainItem:
