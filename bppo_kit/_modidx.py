@@ -438,7 +438,6 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                    'bppo_kit.verifier._leading_spans': ('verifier.html#_leading_spans', 'bppo_kit/verifier.py'),
                                    'bppo_kit.verifier._limit_memory': ('verifier.html#_limit_memory', 'bppo_kit/verifier.py'),
                                    'bppo_kit.verifier._mv': ('verifier.html#_mv', 'bppo_kit/verifier.py'),
-                                   'bppo_kit.verifier._number_word': ('verifier.html#_number_word', 'bppo_kit/verifier.py'),
                                    'bppo_kit.verifier._on_alarm': ('verifier.html#_on_alarm', 'bppo_kit/verifier.py'),
                                    'bppo_kit.verifier._parse_latex': ('verifier.html#_parse_latex', 'bppo_kit/verifier.py'),
                                    'bppo_kit.verifier._phrase_answer': ('verifier.html#_phrase_answer', 'bppo_kit/verifier.py'),

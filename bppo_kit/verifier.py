@@ -71,7 +71,8 @@ def last_boxed(text: str) -> str | None:
 
 _GLUE = re.compile(r"\\(?:text|textrm|textnormal|mbox|mathrm)\s*\{([^{}]{0,20})\}|\$|\\[()\[\]]|\\q?quad(?![A-Za-z])"
                    r"|\\[,;:! ]|~|&")  # delimiters and spacing between boxes; \text{and} keeps its word
-_CONNECTIVE = re.compile(r"(?:[A-Za-z]{2,15}\s*)?(?:,|;|and|or|,\s*and|,\s*or)?", re.I)  # "apples and", ",", ""
+_CONNECTIVE = re.compile(r"(?:[A-Za-z]{2,15}\s*)?(?:,|;|and|or|,\s*and|,\s*or)?"  # "apples and", ",", ""
+                         r"(?:\s*[A-Za-z](?:_\{?\w{1,3}\}?)?\s*=)?", re.I)  # and the next box's "x ="
 def boxed_answer(text: str, spans: list | None = None) -> tuple[int, str] | None:
     "(position, content) of the last box, joined with the boxes just before it when only a connective separates them"
     spans = [x for x in (_boxed_spans(text) if spans is None else spans) if x[1]]
@@ -251,17 +252,6 @@ def _drop_text_unit(s: str) -> str:
     if not m or not re.search(r"\d|\\pi", m.group(1)) or (m.group(2) == "mathrm" and m.group(3) in ("e", "i")): return s
     return m.group(1)
 
-_SMALL = "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen " \
-         "seventeen eighteen nineteen twenty".split()
-_TENS = dict(zip("twenty thirty forty fifty sixty seventy eighty ninety".split(), range(20, 100, 10), strict=True))
-def _number_word(s: str) -> str:
-    "`s` in digits if it is a number word below 100 (`seven`, `Twenty-five`), else `s`"
-    w = s.lower().split("-")
-    if len(w) == 1 and w[0] in _SMALL: return str(_SMALL.index(w[0]))
-    if len(w) == 1 and w[0] in _TENS: return str(_TENS[w[0]])
-    if len(w) == 2 and w[0] in _TENS and w[1] in _SMALL[1:10]: return str(_TENS[w[0]] + _SMALL.index(w[1]))
-    return s
-
 # %% ../nbs/01_verifier.ipynb #9595257c
 _OPS = [(r"\\leq?(?![A-Za-z])|\\leqslant", "<="), (r"\\geq?(?![A-Za-z])|\\geqslant", ">="),
         (r"\\lt(?![A-Za-z])", "<"), (r"\\gt(?![A-Za-z])", ">")]
@@ -339,7 +329,6 @@ def normalize_answer(s: str) -> str:
     m = ("illion" in s or "thousand" in s) and re.fullmatch(  # 1.5 million: a number, not a unit
         r"(-?\d+(?:\.\d+)?)\s*(thousand|million|billion|trillion)\b(.*)", s)
     if m: s = f"{Decimal(m.group(1)) * 10 ** _SCALE[m.group(2)]:f}{m.group(3)}"
-    if s.isalpha() or "-" in s and s.replace("-", "").isalpha(): s = _number_word(s)
     m = re.fullmatch(r"(-?[\d.,]+)\s+(?:m|s|g|h|L|l|K|N|J|W|V)(?:\^\{?[23]\}?)?", s)  # 5 m: number, space, SI unit
     if m: s = m.group(1)
     m = _UNIT_WORDS.fullmatch(s)
