@@ -4,6 +4,8 @@
 
 # %% ../nbs/07_bppo.ipynb #ae4e9e55
 from __future__ import annotations
+import math
+from dataclasses import replace
 import torch
 from .config import Config, ConfigError
 from .core import Algorithm, Rollout, TrainItem, register
@@ -12,8 +14,8 @@ from .grpo import group_advantages, zero_signal_frac
 from .verifier import score
 
 # %% auto #0
-__all__ = ['PREFIX_MODES', 'select_binary', 'prefix_lengths', 'scheduled_ratio', 'masked_group_advantages', 'pair_advantages',
-           'early_stop', 'BPPO']
+__all__ = ['PREFIX_MODES', 'BUDGET_WINDOW', 'select_binary', 'prefix_lengths', 'scheduled_ratio', 'masked_group_advantages',
+           'pair_advantages', 'early_stop', 'early_stop_view', 'parity_factor', 'progress_budget', 'BPPO']
 
 # %% ../nbs/07_bppo.ipynb #360bee7a
 def select_binary(correct: torch.Tensor, # [B, G] bool
@@ -92,10 +94,53 @@ def early_stop(examples: list[Example], group_size: int, min_done: int | None = 
         return ()
     return on_finish
 
+def early_stop_view(correct: torch.Tensor, lengths: torch.Tensor, # [B, G] of full groups (nothing cancelled)
+                    min_done: int | None = None) -> torch.Tensor:
+    "The members [B, G] early stop would have kept, finishing in order of length (ties: lower index first)"
+    B, G = correct.shape
+    need = (G + 1) // 2 if min_done is None else min_done
+    keep = torch.ones(B, G, dtype=torch.bool)
+    for b in range(B):
+        order = sorted(range(G), key=lambda j: (int(lengths[b, j]), j))
+        ok = [bool(correct[b, j]) for j in order]
+        for k in range(1, G + 1):
+            if any(ok[:k]) and not all(ok[:k]) and k >= need:
+                keep[b] = False; keep[b, order[:k]] = True; break
+    return keep
+
+# %% ../nbs/07_bppo.ipynb #c15a7944
+def parity_factor(items: list[TrainItem], r: Rollout, # BPPO's train items of rollout `r`
+                  reduction: str = "token") -> float: # `algo.reduction`
+    "BPPO's loss denominator over GRPO's on the same rollout: trained tokens (or sequences) over every completion's"
+    if reduction == "token":
+        own, grpo = sum(it.n_train - it.start for it in items), sum(c.n_tokens for c in r.completions)
+    else:  # "seq", "constant": both divide by a count of sequences
+        own, grpo = sum(it.n_train > it.start for it in items), sum(c.n_tokens > 0 for c in r.completions)
+    return own / grpo if grpo else 1.0
+
+# %% ../nbs/07_bppo.ipynb #8913fb8f
+BUDGET_WINDOW = 5  # steps of correct response lengths that `progress_budget` looks at
+
+def progress_budget(step: int, steps: int, # this step, and the run's length
+                    correct_lengths: list[int], # the correct responses' lengths of the last steps
+                    max_new: int, # the configured budget (`rollout.max_new_tokens`)
+                    explore: float = 0.2, slack: float = 1.0) -> int: # `algo.budget_explore`, `algo.budget_slack`
+    "The step's generation budget: `max_new` while exploring, then ~ the recent correct lengths with shrinking headroom"
+    p = step / max(steps, 1)
+    if p < explore or not correct_lengths: return max_new
+    xs = sorted(correct_lengths)
+    q90 = xs[max(math.ceil(0.9 * len(xs)) - 1, 0)]
+    b = math.ceil(q90 * (1.1 + slack * (1 - p)))
+    return int(min(max_new, max(min(16, max_new), b)))
+
 # %% ../nbs/07_bppo.ipynb #6288972f
 @register("bppo")
 class BPPO(Algorithm):
     "Binary prefix selection over full-group normalization"
+    def __init__(self, cfg: Config, policy=None):
+        super().__init__(cfg, policy)
+        self.recent: list[list[int]] = []  # lengths of the correct responses of the last steps (`algo.budget`)
+
     @classmethod
     def check(cls, cfg: Config):
         if cfg.algo.schedule != "none" and cfg.rollout.engine != "kit":
@@ -113,8 +158,9 @@ class BPPO(Algorithm):
                               for b, row in enumerate(sel)])
         ratio = scheduled_ratio(step, self.cfg.train.steps, a.prefix_ratio, a.prefix_ratio_end)
         keep = prefix_lengths(n_tok, a.prefix_mode, ratio, a.prefix_tokens)
-        items = []
+        self.remember(r)
         if a.select == "all": return self._prefix_only(r, sel, keep, ratio)
+        items = []
         for b in range(sel.shape[0]):
             for k in range(2):
                 j = sel[b, k].item()
@@ -122,7 +168,13 @@ class BPPO(Algorithm):
                 c = r.completions[b * G + j]
                 items.append(TrainItem(c.prompt_ids, c.completion_ids, adv[b, k].item(), int(keep[b, k]),
                                        sample_logprobs=c.logprobs or None))
-        return items, self._metrics(r, items, ratio)
+        return self._scaled(r, items), self._metrics(r, items, ratio)
+
+    def _scaled(self, r: Rollout, items: list[TrainItem]) -> list[TrainItem]:
+        "`items` with advantages x `parity_factor` when `algo.loss_scale=grpo`"
+        if self.cfg.algo.loss_scale == "own" or not items: return items
+        f = parity_factor(items, r, self.cfg.algo.reduction)
+        return [replace(it, advantage=it.advantage * f) for it in items]
 
     def _prefix_only(self, r: Rollout, sel: torch.Tensor, keep: torch.Tensor,
                      ratio: float) -> tuple[list[TrainItem], dict]:
@@ -139,12 +191,29 @@ class BPPO(Algorithm):
                        int(prefix_lengths(torch.tensor([[n, 0]]), a.prefix_mode, ratio, a.prefix_tokens)[0, 0]))
                 items.append(TrainItem(c.prompt_ids, c.completion_ids, adv[b, j].item(), cut,
                                        sample_logprobs=c.logprobs or None))
-        return items, self._metrics(r, items, ratio)
+        return self._scaled(r, items), self._metrics(r, items, ratio)
 
-    @staticmethod
-    def _metrics(r: Rollout, items: list[TrainItem], ratio: float) -> dict:
-        return dict(frac_zero_std_groups=zero_signal_frac(r.rewards), selected_sequences=len(items),
-                    prefix_tokens=sum(it.n_train for it in items), prefix_ratio=ratio)
+    def _metrics(self, r: Rollout, items: list[TrainItem], ratio: float) -> dict:
+        m = dict(frac_zero_std_groups=zero_signal_frac(r.rewards), selected_sequences=len(items),
+                 prefix_tokens=sum(it.n_train for it in items), prefix_ratio=ratio)
+        if self.cfg.algo.loss_scale == "grpo" and items:
+            m["parity_factor"] = parity_factor(items, r, self.cfg.algo.reduction)
+        return m
+
+    def remember(self, r: Rollout):
+        "Keep the step's correct response lengths for `budget` (the last `BUDGET_WINDOW` steps)"
+        if self.cfg.algo.budget == "fixed": return
+        self.recent = (self.recent + [r.lengths[r.correct].tolist()])[-BUDGET_WINDOW:]
+
+    def budget(self, step: int) -> int | None:
+        "`algo.budget=progress`: the step's max_new_tokens (`progress_budget`); None (the config's) for `fixed`"
+        a = self.cfg.algo
+        if a.budget == "fixed": return None
+        return progress_budget(step, self.cfg.train.steps, [n for s in self.recent for n in s],
+                               self.cfg.rollout.max_new_tokens, a.budget_explore, a.budget_slack)
+
+    def state_dict(self) -> dict | None: return dict(recent=self.recent) if self.cfg.algo.budget != "fixed" else None
+    def load_state_dict(self, state: dict): self.recent = [list(x) for x in state.get("recent", [])]
 
     def scheduler(self, examples: list[Example]):
         "The engine's `on_finish` callback for `algo.schedule` (None for `none`)"

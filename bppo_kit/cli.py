@@ -78,7 +78,8 @@ def cmd_train(args, cfg: Config) -> int:
 def cmd_compare(args, cfg: Config) -> int:
     from bppo_kit.compare import compare
     seeds = list(range(args.seeds))
-    compare(cfg, [a.strip() for a in args.algos.split(",") if a.strip()], seeds, args.out, progress=not args.quiet)
+    compare(cfg, [a.strip() for a in args.algos.split(",") if a.strip()], seeds, args.out, progress=not args.quiet,
+            tolerance=args.tolerance / 100)
     print((Path(args.out) / "report.md").read_text())
     return 0
 
@@ -159,10 +160,12 @@ def build_parser() -> argparse.ArgumentParser:
     _common(cp)
     _plugins(cp)
     cp.add_argument("--algos", default="grpo_seq,grpo,bppo",
-                    help="comma-separated variants (see bppo_kit.compare.VARIANTS)")
+                    help="comma-separated variants (see bppo_kit.compare.VARIANTS); NAME@STEPS runs more steps")
     cp.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 for every variant")
     cp.add_argument("--steps", type=int, help="train.steps")
     cp.add_argument("--out", default="runs/compare", help="the comparison folder")
+    cp.add_argument("--tolerance", type=float, default=1.0,
+                    help="points below the baseline's final accuracy that count as reaching it (time to target)")
     pr = sub.add_parser("probe", help="gradient similarity of same-label vs cross-label completions (BPPO's premise)")
     _common(pr)
     pr.add_argument("--checkpoint", help="a checkpoint folder or hub id (default: the config's model)")

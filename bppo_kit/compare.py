@@ -12,7 +12,8 @@ from .runs import read_jsonl_rows
 from .trainer import train
 
 # %% auto #0
-__all__ = ['VARIANTS', 'variant_config', 'run_summary', 'aggregate', 'compare_figure', 'cost_table', 'write_report', 'compare']
+__all__ = ['VARIANTS', 'variant_config', 'run_summary', 'aggregate', 'compare_figure', 'cost_table', 'baseline_target',
+           'write_report', 'compare']
 
 # %% ../nbs/11b_compare.ipynb #9c5dd79d
 VARIANTS = {
@@ -23,20 +24,26 @@ VARIANTS = {
     "bppo_one": ["algo.name=bppo", "algo.class_weight=one"],  # unweighted representatives
     "bppo_ratio": ["algo.name=bppo", "algo.prefix_mode=ratio"],
     "bppo_sched": ["algo.name=bppo", "algo.schedule=early_stop"],  # + adaptive completion scheduling
+    "bppo_parity": ["algo.name=bppo", "algo.loss_scale=grpo"],  # GRPO's loss denominator (same gradient budget)
+    "bppo_progress": ["algo.name=bppo", "algo.budget=progress"],  # a generation budget that follows training
     "prefix_only": ["algo.name=bppo", "algo.select=all"],  # every completion, each cut to its group's pair length
     "ppo": ["algo.name=ppo", "rollout.window=0"],  # PPO with a value model, whole responses
     "tppo": ["algo.name=tppo", "rollout.window=32"],  # T-PPO: 32-token windows, EGAE
 }
 
 def variant_config(base: Config, name: str, seed: int, out: Path) -> Config:
-    "The config of one run: `base` with the variant's overrides, the seed and its own run folder"
-    if name not in VARIANTS: raise ConfigError(f"unknown variant {name!r}; choose from {', '.join(VARIANTS)}")
+    "The config of one run: `base` with the variant's overrides, the seed and its own run folder; `bppo@150`: 150 steps"
+    kind, at, steps = name.partition("@")
+    if kind not in VARIANTS: raise ConfigError(f"unknown variant {kind!r}; choose from {', '.join(VARIANTS)}")
+    if at and not (steps.isdigit() and int(steps) > 0):
+        raise ConfigError(f"variant {name!r}: the steps after '@' must be a positive integer")
     c = from_dict(to_dict(base))  # a copy: the base stays as it was
-    return apply_overrides(c, VARIANTS[name] + [f"train.seed={seed}", f"data.seed={seed}",
-                                                f"train.out={out / f'{name}-s{seed}'}"])
+    return apply_overrides(c, VARIANTS[kind] + ([f"train.steps={steps}"] if at else [])
+                           + [f"train.seed={seed}", f"data.seed={seed}", f"train.out={out / f'{name}-s{seed}'}"])
 
 # %% ../nbs/11b_compare.ipynb #fa4979fd
 def _med(xs): return statistics.median(xs) if xs else None
+def _mean(xs): return statistics.fmean(xs) if xs else None
 
 def _cumulative(m: list[dict], key: str) -> list[float] | None:
     "Running totals of `key` over the metric rows (index = steps done), None if a row lacks it"
@@ -51,7 +58,9 @@ def run_summary(run: Path, target: float | None = None) -> dict:
     if not m: raise FileNotFoundError(f"no metrics in {run}")
     body = m[1:] or m
     wall = _cumulative(m, "wall_s")
-    hit_step = next((r["step"] for r in e if target is not None and r["accuracy"] >= target), None)
+    trained = [r for r in m if r.get("trained_tokens")]  # steps with a gradient
+    hit_row = next((r for r in e if target is not None and r["accuracy"] >= target), None)
+    hit_step = hit_row["step"] if hit_row else None
     hit = wall[hit_step] if hit_step is not None else None
     costs = {}
     for k in ("decode_steps", "row_steps"):
@@ -63,7 +72,10 @@ def run_summary(run: Path, target: float | None = None) -> dict:
                 step_s=_med([r["wall_s"] for r in body]), rollout_s=_med([r["rollout_s"] for r in body]),
                 update_s=_med([r["update_s"] for r in body]), trained_tokens=_med([r["trained_tokens"] for r in body]),
                 generated_tokens=_med([r["generated_tokens"] for r in body]), train_wall_s=round(wall[-1], 1),
-                time_to_target_s=hit, steps=len(m), **costs,
+                time_to_target_s=hit, steps=len(m), **costs, step_at_target=hit_step,
+                tokens_at_target=hit_row.get("mean_response_tokens") if hit_row else None,
+                grad_norm=_med([r["grad_norm"] for r in trained if r.get("grad_norm") is not None]),
+                clip_rate=_mean([r["grad_clipped"] for r in trained if r.get("grad_clipped") is not None]),
                 slot_utilization=_med([r["slot_utilization"] for r in body if r.get("slot_utilization") is not None]))
 
 def aggregate(rows: list[dict]) -> dict:
@@ -121,20 +133,27 @@ def cost_table(agg: dict, base: str) -> list[str]:
         lines.append(f"| {n} | " + " | ".join(cells) + f" | {ratios} |")
     return lines
 
-def write_report(out: Path, runs: dict[str, list[Path]], target: float | None = None) -> dict:
+def baseline_target(runs: dict[str, list[Path]], tolerance: float = 0.01) -> float | None:
+    "The first variant's (the baseline's) mean final accuracy, less `tolerance`: what the others must reach"
+    finals = [run_summary(p)["final_accuracy"] for p in next(iter(runs.values()))]
+    finals = [f for f in finals if f is not None]
+    return statistics.fmean(finals) - tolerance if finals else None
+
+def write_report(out: Path, runs: dict[str, list[Path]], # variant -> its run folders; the first is the baseline
+                 target: float | None = None, # the accuracy of time-to-target; None = the baseline's final - tolerance
+                 tolerance: float = 0.01) -> dict:
     "Summaries, `report.json`, `report.md` and `compare.png` for finished runs"
-    per = {n: [run_summary(p) for p in ps] for n, ps in runs.items()}
-    agg = {n: aggregate(rs) for n, rs in per.items()}
-    finals = [a["final_accuracy"]["mean"] for a in agg.values() if "final_accuracy" in a]
-    target = target if target is not None else (min(finals) if finals else None)
+    base = next(iter(runs))
+    how = f"the eval accuracy of {target:.3f}" if target is not None else None
+    if target is None and (target := baseline_target(runs, tolerance)) is not None:
+        how = f"{base}'s final eval accuracy less {100 * tolerance:g} point(s): {target:.3f}"
     per = {n: [run_summary(p, target) for p in ps] for n, ps in runs.items()}
     agg = {n: aggregate(rs) for n, rs in per.items()}
-    base = next(iter(agg))
     rep = dict(target_accuracy=target, baseline=base, variants=agg,
                runs={n: [str(p) for p in ps] for n, ps in runs.items()}, per_run=per)
     (out / "report.json").write_text(json.dumps(rep, indent=1))
     lines = [f"# Comparison ({len(next(iter(runs.values())))} seed(s); mean ± std over seeds)", "",
-             f"Target accuracy for time-to-target: {target:.3f}" if target is not None else "", "",
+             f"Time to target: training wall time until an evaluation first reached {how}." if how else "", "",
              "| variant | final acc % | final greedy % | final tokens | step s | update s | trained tokens/step "
              "| time to target s | slot use | step speed-up vs " + base + " | update speed-up |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -148,15 +167,24 @@ def write_report(out: Path, runs: dict[str, list[Path]], target: float | None = 
     lines += ["", "Training cost: wall time here; row-steps (busy engine rows summed over decoding passes: "
               "a compute-bound CPU's cost); decode steps (decoding passes: a memory-bound GPU's cost).", ""]
     lines += cost_table(agg, base)
+    lines += ["", "Gradient scale and responses at the target: the pre-clip gradient norm (median over steps), the "
+              "share of steps whose gradient `train.grad_clip` cut, and the eval response length when the target was "
+              "reached.", "", "| variant | grad norm | clip rate % | steps | step at target | tokens at target "
+              f"| tokens vs {base}'s final |", "|---|---|---|---|---|---|---|"]
+    for n, a in agg.items():
+        t, f = a.get("tokens_at_target"), agg[base].get("final_tokens")
+        tok = f"{t['mean'] / f['mean']:.2f}x" if t and f and f["mean"] else "–"
+        lines.append(f"| {n} | {_fmt(a, 'grad_norm')} | {_fmt(a, 'clip_rate', True)} | {_fmt(a, 'steps')} | "
+                     f"{_fmt(a, 'step_at_target')} | {_fmt(a, 'tokens_at_target')} | {tok} |")
     lines += ["", "![comparison](compare.png)", ""]
     (out / "report.md").write_text("\n".join(lines))
     compare_figure(runs).savefig(out / "compare.png", dpi=80)
     return rep
 
 def compare(base: Config, # the shared config (steps, eval size, …)
-            variants: list[str], # names in `VARIANTS`; the first is the baseline of the speed-up columns
+            variants: list[str], # names in `VARIANTS` (`name@steps` for more steps); the first is the baseline
             seeds: list[int], out, # seeds and the comparison folder
-            progress: bool = True, target: float | None = None) -> dict:
+            progress: bool = True, target: float | None = None, tolerance: float = 0.01) -> dict:
     "Train every variant for every seed, then write the report"
     out = Path(out); out.mkdir(parents=True, exist_ok=True)
     cfgs = {(v, s): variant_config(base, v, s, out) for v in variants for s in seeds}  # all configs checked up front
@@ -167,4 +195,4 @@ def compare(base: Config, # the shared config (steps, eval size, …)
         resume = (run / "checkpoint" / "trainer_state.pt").exists()
         if progress: print(f"== {v} seed {s} -> {run}", flush=True)
         train(c, resume=resume, overwrite=not resume, progress=progress)
-    return write_report(out, {v: [Path(cfgs[(v, s)].train.out) for s in seeds] for v in variants}, target)
+    return write_report(out, {v: [Path(cfgs[(v, s)].train.out) for s in seeds] for v in variants}, target, tolerance)

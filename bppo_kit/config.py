@@ -79,6 +79,14 @@ class AlgoConfig:
     resample: int = param(0, ge=0)
     # BPPO: early_stop cancels a group's samples once both representatives are known
     schedule: str = param("none", choices=["none", "early_stop"])
+    # BPPO: "own" divides the pair's loss by its own prefix tokens; "grpo" by what GRPO would divide the same rollout
+    # by (every completion's tokens), so both methods train at the same gradient scale (issue 18)
+    loss_scale: str = param("own", choices=["own", "grpo"])
+    # BPPO: the generation budget. fixed: rollout.max_new_tokens on every step; progress: the full budget while
+    # exploring (the first budget_explore of training), then ~ the recent correct responses' lengths, tightening
+    budget: str = param("fixed", choices=["fixed", "progress"])
+    budget_explore: float = param(0.2, ge=0, le=1)  # share of training at the full budget
+    budget_slack: float = param(1.0, ge=0)  # headroom over recent correct lengths as focusing starts (x1.1 at the end)
     gamma: float = param(1.0, gt=0, le=1)  # T-PPO/PPO: discount
     lam: float = param(0.95, ge=0, le=1)  # T-PPO/PPO: GAE lambda (the floor when lam_alpha > 0)
     lam_alpha: float = param(0.0, ge=0)  # T-PPO: length-adaptive lambda max(lam, 1 - 1/(alpha*L)); 0 = fixed lam
@@ -110,6 +118,8 @@ class TrainConfig:
     out: str = "runs/default"  # run folder: config, metrics.jsonl, checkpoints
     save_every: int = param(0, ge=0)  # checkpoint every K steps; 0 = only at the end
     eval_every: int = param(0, ge=0)  # evaluate every K steps; 0 = only before and after
+    # the evaluations between the first and the last use only the first K eval problems (a cheap, fixed subset); 0 = all
+    eval_subset: int = param(0, ge=0)
 
 @dataclass
 class SFTConfig:

@@ -127,7 +127,7 @@ class Algorithm:
 
     def collect(self, step: int, sampler) -> tuple[list[TrainItem], dict]:
         "This process's train items and the step's metrics: a scored group rollout from `sampler`, handed to `prepare`"
-        rollout, metrics = sampler.groups(step, self.scheduler)  # the whole step's groups, from every process
+        rollout, metrics = sampler.groups(step, self.scheduler, self.budget(step))  # the whole step, every process
         items, more = self.prepare(rollout, step)
         return sampler.mine(items), {**metrics, **more}  # this process trains its deal of the items
 
@@ -137,6 +137,10 @@ class Algorithm:
 
     def scheduler(self, examples: list[Example]):
         "The engine's `on_finish` callback for this step's prompts, or None: every completion runs to its end"
+        return None
+
+    def budget(self, step: int) -> int | None:
+        "The step's generation budget (`max_new_tokens`), or None for the config's"
         return None
 
     def surrogate(self, logp: torch.Tensor, old_logp: torch.Tensor,

@@ -98,7 +98,10 @@ def rollout_metrics(r: Rollout) -> dict:
     out = dict(reward_mean=mean(rw), reward_std=rw.std(unbiased=False).item() if rw.numel() else None,
                accuracy=mean(ok), response_tokens_mean=mean(n),
                response_tokens_correct=mean(n[ok]), response_tokens_incorrect=mean(n[~ok]),
-               generated_tokens=sum(c.n_tokens for c in r.completions), cancelled_frac=1 - mean(live))
+               generated_tokens=sum(c.n_tokens for c in r.completions), cancelled_frac=1 - mean(live),
+               # what was generated, cancelled samples included (their tokens up to the cancel)
+               generated_tokens_mean=mean(r.lengths.flatten()),
+               cancelled_tokens=sum(c.n_tokens for c, l in zip(r.completions, live.tolist()) if not l))
     if all(e.task == "synthetic" for e in r.examples):  # the synthetic task's two styles, by its own rule
         v = torch.tensor([style_of(c.text) == "verbose" for c, l in zip(r.completions, live.tolist()) if l],
                          dtype=torch.bool)
@@ -131,11 +134,11 @@ class Sampler:
         self.dist = dist or Dist()
         self.reward_s = 0.0  # seconds spent grading since the loop last asked
 
-    def params(self, step: int, round_: int = 0) -> SamplingParams:
+    def params(self, step: int, round_: int = 0, max_new_tokens: int | None = None) -> SamplingParams:
         "Sampling parameters of step `step` (resampling round `round_`): the config's, seeded by `(train.seed, step)`"
         r = self.cfg.rollout
         seed = step_seed(self.cfg.train.seed, step, "resampling" if round_ else "sampling", round_)
-        return SamplingParams(r.temperature, r.top_p, r.top_k, r.max_new_tokens, seed=seed,
+        return SamplingParams(r.temperature, r.top_p, r.top_k, max_new_tokens or r.max_new_tokens, seed=seed,
                               logprobs=records_logprobs(self.cfg))
 
     def score(self, examples: list[Example], completions: list[Completion]) -> Rollout:
@@ -165,14 +168,17 @@ class Sampler:
         if self.dist.world > 1: kw["uid_base"] = first * G  # the noise one process gives these prompts
         return self.engine.generate(self.encode(examples), G, sp, **kw)
 
-    def groups(self, step: int, scheduler=None) -> tuple[Rollout, dict]:
+    def groups(self, step: int, scheduler=None, # the algorithm's `on_finish` maker (BPPO's early stop), or None
+               max_new_tokens: int | None = None) -> tuple[Rollout, dict]: # the step's budget; None = the config's
         "The step's prompts, `group_size` completions each, graded and refilled (`algo.resample`); and their metrics"
-        ex, sp, first = self.step_prompts(step), self.params(step), self.dist.share(self.cfg.train.prompts_per_step)
+        ex, first = self.step_prompts(step), self.dist.share(self.cfg.train.prompts_per_step)
+        sp = self.params(step, max_new_tokens=max_new_tokens)
         on_finish = scheduler(ex) if scheduler is not None else None
         cs = self.generate(ex, sp, first.start, **({"on_finish": on_finish} if on_finish else {}))
-        ro, refilled = self.resample(step, self.score(ex, cs))
+        ro, refilled = self.resample(step, self.score(ex, cs), max_new_tokens)
         ro = gather_rollout(self.dist, ro, first.start)  # every rank's share: the whole step
         m = rollout_metrics(ro)
+        m["max_new_tokens"] = sp.max_new_tokens
         if self.cfg.algo.resample: m["refilled_groups"] = int(self.dist.sum([refilled])[0])
         return ro, m
 
@@ -180,7 +186,7 @@ class Sampler:
         "This process's deal of the step's train items (`deal_items`; all of them on one process)"
         return items if self.dist.world == 1 else deal_items(items, self.dist.world)[self.dist.rank]
 
-    def resample(self, step: int, ro: Rollout) -> tuple[Rollout, int]:
+    def resample(self, step: int, ro: Rollout, max_new_tokens: int | None = None) -> tuple[Rollout, int]:
         "Up to `algo.resample` rounds of swapping zero-signal groups for fresh prompts' groups that carry signal"
         refilled = 0
         for k in range(1, self.cfg.algo.resample + 1):
@@ -190,6 +196,6 @@ class Sampler:
             first = sum(counts[:self.dist.rank])
             ex = self.prompts.extra(step, k, sum(counts))[first:first + n_dead]
             if not ex: continue
-            cs = self.generate(ex, self.params(step, k), first)
+            cs = self.generate(ex, self.params(step, k, max_new_tokens), first)
             ro, got = refill_groups(ro, self.score(ex, cs)); refilled += got
         return ro, refilled

@@ -155,8 +155,9 @@ def evaluate_step(cfg: Config, s: Session, examples: list, step: int, progress: 
     r = cfg.rollout
     sp = SamplingParams(r.temperature, r.top_p, r.top_k, r.max_new_tokens,
                         seed=step_seed(cfg.train.seed, stream="eval"), logprobs=False)
-    return dict(step=step, **evaluate(s.policy, s.tok, examples, samples=r.group_size, progress=progress,
-                                      engine=s.engine, sampling=sp, data=cfg.data))
+    return dict(step=step, problems=len(examples),
+                **evaluate(s.policy, s.tok, examples, samples=r.group_size, progress=progress, engine=s.engine,
+                           sampling=sp, data=cfg.data))
 
 def _stop_on_signals():
     "Ask the loop to stop at the next step boundary on SIGINT/SIGTERM; returns (flag, restore)"
@@ -207,7 +208,8 @@ def train(cfg: Config, # the validated config
         append_jsonl(path, row)
         if on_log: on_log(kind, row)
     def log_eval(step):  # rank 0 evaluates (with its full copy of the weights) while the others wait
-        if dist.main: evals.append(evaluate_step(cfg, s, eval_set, step, progress)); log(run.evals, "eval", evals[-1])
+        ex = eval_set[:t.eval_subset] if t.eval_subset and 0 < step < t.steps else eval_set  # the first and last: all
+        if dist.main: evals.append(evaluate_step(cfg, s, ex, step, progress)); log(run.evals, "eval", evals[-1])
         dist.barrier()
     if evaluate_every and s.start == 0 and not evals: log_eval(0)
     flag, restore = _stop_on_signals()

@@ -197,7 +197,8 @@ def update(model, opt, items: list[TrainItem], cfg: Config, pad_id: int, ref_mod
     # the denominators count every item, of every process
     n_tokens, n_seqs, n_live = (int(x) for x in dist.sum([sum(max(0, it.n_train - it.start) for it in items),
                                                           sum(it.n_train > it.start for it in items), len(live)]))
-    mets = dict(trained_tokens=0, clip_frac=0.0, kl=0.0, entropy=0.0, grad_norm=0.0, skipped=0, loss=0.0)
+    mets = dict(trained_tokens=0, clip_frac=0.0, kl=0.0, entropy=0.0, grad_norm=0.0, grad_clipped=0.0, skipped=0,
+                loss=0.0)
     if not n_live: return mets
     cap = active_tis_cap(cfg)
     dev = next(model.parameters()).device
@@ -221,8 +222,9 @@ def update(model, opt, items: list[TrainItem], cfg: Config, pad_id: int, ref_mod
         mets["trained_tokens"] += int(tot["tok"])
         n = max(tot["tok"], 1)
         ent = tot["ent"] / n
-        mets.update(loss=tot["loss"], grad_norm=grad_norm.item(), clip_frac=tot["clip"] / n, kl=tot["kl"] / n,
-                    entropy=ent if math.isfinite(ent) else None)
+        # grad_norm is the norm before clipping; grad_clipped says whether `grad_clip` cut it (the clip rate's terms)
+        mets.update(loss=tot["loss"], grad_norm=grad_norm.item(), grad_clipped=float(grad_norm.item() > tc.grad_clip),
+                    clip_frac=tot["clip"] / n, kl=tot["kl"] / n, entropy=ent if math.isfinite(ent) else None)
         if with_sample: mets.update(sampler_kl=tot["skl"] / n, tis_capped=tot["capped"] / n if cap > 0 else None)
     model.eval()
     return mets
