@@ -103,9 +103,10 @@ def compare_figure(runs: dict[str, list[Path]]) -> Figure:
             mm = [r for r in m if r.get("response_tokens_mean") is not None]
             ax[1].plot([r["step"] for r in mm], [r["response_tokens_mean"] for r in mm], color=col, label=lab, alpha=.6)
             ax[2].plot([r["step"] for r in m], [r["update_s"] for r in m], color=col, label=lab, alpha=.6)
+            ax[2].plot([r["step"] for r in m], [r["rollout_s"] for r in m], ":", color=col, alpha=.6)
             ax[3].plot([r["step"] for r in m], [r["trained_tokens"] for r in m], color=col, label=lab, alpha=.6)
-    titles = ["eval accuracy vs training wall time (s)", "response tokens vs step", "update seconds vs step",
-              "trained tokens vs step"]
+    titles = ["eval accuracy vs training wall time (s)", "response tokens vs step",
+              "seconds per step: update (solid), rollout (dotted)", "trained tokens vs step"]
     for a, t in zip(ax, titles): a.set_title(t, fontsize=9); a.grid(alpha=.3)
     ax[0].legend(fontsize=7)
     fig.tight_layout()
