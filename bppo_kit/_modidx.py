@@ -52,6 +52,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                   'bppo_kit.compare._mean': ('compare.html#_mean', 'bppo_kit/compare.py'),
                                   'bppo_kit.compare._med': ('compare.html#_med', 'bppo_kit/compare.py'),
                                   'bppo_kit.compare._ratio': ('compare.html#_ratio', 'bppo_kit/compare.py'),
+                                  'bppo_kit.compare._reached': ('compare.html#_reached', 'bppo_kit/compare.py'),
                                   'bppo_kit.compare.aggregate': ('compare.html#aggregate', 'bppo_kit/compare.py'),
                                   'bppo_kit.compare.baseline_target': ('compare.html#baseline_target', 'bppo_kit/compare.py'),
                                   'bppo_kit.compare.compare': ('compare.html#compare', 'bppo_kit/compare.py'),

@@ -52,14 +52,22 @@ def _cumulative(m: list[dict], key: str) -> list[float] | None:
     for r in m: out.append(out[-1] + r[key])
     return out
 
-def run_summary(run: Path, target: float | None = None) -> dict:
+def _reached(r: dict, full: int, target: float | None, subset_target: float | None) -> bool:
+    "Did eval row `r` reach the target: a subset row (fewer than `full` problems) `subset_target`, a full one `target`"
+    sub = (r.get("problems") or full) < full
+    t = subset_target if sub and subset_target is not None else target
+    return t is not None and r["accuracy"] >= t
+
+def run_summary(run: Path, target: float | None = None, # the full evaluations' target accuracy
+                subset_target: float | None = None) -> dict: # the cheap subset evaluations' (`train.eval_subset`)
     "Final eval, median stage times, token counts and the training cost (total and to `target`) of one run folder"
     m, e = read_jsonl_rows(run / "metrics.jsonl"), read_jsonl_rows(run / "eval.jsonl")
     if not m: raise FileNotFoundError(f"no metrics in {run}")
     body = m[1:] or m
     wall = _cumulative(m, "wall_s")
     trained = [r for r in m if r.get("trained_tokens")]  # steps with a gradient
-    hit_row = next((r for r in e if target is not None and r["accuracy"] >= target), None)
+    full = max((r.get("problems") or 0 for r in e), default=0)
+    hit_row = next((r for r in e if _reached(r, full, target, subset_target)), None)
     hit_step = hit_row["step"] if hit_row else None
     hit = wall[hit_step] if hit_step is not None else None
     costs = {}
@@ -68,6 +76,7 @@ def run_summary(run: Path, target: float | None = None) -> dict:
         if c is not None: costs.update({k: c[-1], f"{k}_to_target": c[hit_step] if hit_step is not None else None})
     last = e[-1] if e else {}
     return dict(final_accuracy=last.get("accuracy"), final_greedy_accuracy=last.get("greedy_accuracy"),
+                final_subset_accuracy=last.get("subset_accuracy"),
                 final_tokens=last.get("mean_response_tokens"), first_accuracy=e[0]["accuracy"] if e else None,
                 step_s=_med([r["wall_s"] for r in body]), rollout_s=_med([r["rollout_s"] for r in body]),
                 update_s=_med([r["update_s"] for r in body]), trained_tokens=_med([r["trained_tokens"] for r in body]),
@@ -134,9 +143,10 @@ def cost_table(agg: dict, base: str) -> list[str]:
         lines.append(f"| {n} | " + " | ".join(cells) + f" | {ratios} |")
     return lines
 
-def baseline_target(runs: dict[str, list[Path]], tolerance: float = 0.01) -> float | None:
-    "The first variant's (the baseline's) mean final accuracy, less `tolerance`: what the others must reach"
-    finals = [run_summary(p)["final_accuracy"] for p in next(iter(runs.values()))]
+def baseline_target(runs: dict[str, list[Path]], tolerance: float = 0.01,
+                    key: str = "final_accuracy") -> float | None:
+    "The first variant's (the baseline's) mean final accuracy (`key`), less `tolerance`: what the others must reach"
+    finals = [run_summary(p)[key] for p in next(iter(runs.values()))]
     finals = [f for f in finals if f is not None]
     return statistics.fmean(finals) - tolerance if finals else None
 
@@ -146,11 +156,15 @@ def write_report(out: Path, runs: dict[str, list[Path]], # variant -> its run fo
     "Summaries, `report.json`, `report.md` and `compare.png` for finished runs"
     base = next(iter(runs))
     how = f"the eval accuracy of {target:.3f}" if target is not None else None
+    sub = None
     if target is None and (target := baseline_target(runs, tolerance)) is not None:
         how = f"{base}'s final eval accuracy less {100 * tolerance:g} point(s): {target:.3f}"
-    per = {n: [run_summary(p, target) for p in ps] for n, ps in runs.items()}
+        if (sub := baseline_target(runs, tolerance, "final_subset_accuracy")) is not None:
+            how += (f" (on the cheap subset evaluations: {base}'s final accuracy on the same subset less the same, "
+                    f"{sub:.3f})")
+    per = {n: [run_summary(p, target, sub) for p in ps] for n, ps in runs.items()}
     agg = {n: aggregate(rs) for n, rs in per.items()}
-    rep = dict(target_accuracy=target, baseline=base, variants=agg,
+    rep = dict(target_accuracy=target, subset_target_accuracy=sub, baseline=base, variants=agg,
                runs={n: [str(p) for p in ps] for n, ps in runs.items()}, per_run=per)
     (out / "report.json").write_text(json.dumps(rep, indent=1))
     lines = [f"# Comparison ({len(next(iter(runs.values())))} seed(s); mean ± std over seeds)", "",

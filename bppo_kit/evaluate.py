@@ -52,13 +52,17 @@ def evaluate(model, tok, examples: list[Example], # the eval prompts
              greedy: bool = True, # also grade one greedy completion per prompt
              engine=None, # an engine with `generate(prompts, n, sampling)`; default `HFEngine`
              progress: bool = False, # show a progress bar
-             data: DataConfig | None = None) -> dict: # how prompts are formatted (`prompt_ids`); None = plain text
+             data: DataConfig | None = None, # how prompts are formatted (`prompt_ids`); None = plain text
+             subset: int = 0) -> dict: # also `subset_accuracy`: the first `subset` prompts' accuracy, same samples
     "Sample and grade `examples`; the summary dict `bppo eval` writes"
     sp = sampling or SamplingParams(logprobs=False)
     eng = engine or HFEngine(model, tok, progress=progress)
     t0 = time.time()
     prompts = [prompt_ids(tok, e, data) for e in examples]
-    r = summarize(examples, eng.generate(prompts, samples, sp), samples, tok.eos_token_id)
+    cs = eng.generate(prompts, samples, sp)
+    r = summarize(examples, cs, samples, tok.eos_token_id)
+    if 0 < subset < len(examples):  # what a cheap evaluation on the first `subset` prompts would have measured
+        r["subset_accuracy"] = summarize(examples[:subset], cs[:subset * samples], samples)["accuracy"]
     if greedy:
         gs = eng.generate(prompts, 1, SamplingParams(temperature=0, max_new_tokens=sp.max_new_tokens, logprobs=False))
         r["greedy_accuracy"] = _m([s.correct for s in grade(examples, gs)])

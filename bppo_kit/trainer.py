@@ -157,7 +157,7 @@ def evaluate_step(cfg: Config, s: Session, examples: list, step: int, progress: 
                         seed=step_seed(cfg.train.seed, stream="eval"), logprobs=False)
     return dict(step=step, problems=len(examples),
                 **evaluate(s.policy, s.tok, examples, samples=r.group_size, progress=progress, engine=s.engine,
-                           sampling=sp, data=cfg.data))
+                           sampling=sp, data=cfg.data, subset=cfg.train.eval_subset))
 
 def _stop_on_signals():
     "Ask the loop to stop at the next step boundary on SIGINT/SIGTERM; returns (flag, restore)"
