@@ -120,6 +120,8 @@ class TrainConfig:
     eval_every: int = param(0, ge=0)  # evaluate every K steps; 0 = only before and after
     # the evaluations between the first and the last use only the first K eval problems (a cheap, fixed subset); 0 = all
     eval_subset: int = param(0, ge=0)
+    # none | tensorboard | trackio | wandb, comma-separated: trackers that also get every logged row (tracking lesson)
+    report_to: str = "none"
 
 @dataclass
 class SFTConfig:

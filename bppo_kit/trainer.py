@@ -19,6 +19,7 @@ from .policy import add_lora, copy_weights, generation_copy, is_peft, load_polic
 from .runs import (RunDir, append_jsonl, load_trainer_state, open_run, read_jsonl_rows, rng_state,
                            save_checkpoint, set_rng_state, truncate_metrics)
 from .sampler import Sampler, make_engine, step_seed
+from .tracking import Reporter, check_trackers
 from .update import check_fused_head, update
 import bppo_kit.bppo, bppo_kit.grpo, bppo_kit.tppo  # noqa: F401 -- the built-in algorithms register themselves
 
@@ -199,40 +200,46 @@ def train(cfg: Config, # the validated config
     t = cfg.train
     algorithm_class(cfg.algo.name).check(cfg)  # an unknown algorithm, or a config it cannot run, fails before any load
     check_precision(cfg)
+    check_trackers(cfg)  # a tracker that is not installed: one line, before anything loads
     dist = init_dist(cfg, cpu=device_of(cfg) == "cpu")  # several processes when `accelerate launch` started them
     run = open_run_on(dist, cfg, resume, overwrite)
     s = setup(cfg, run, resume, dist)
     eval_set, evals = eval_examples(cfg), rows_after(dist, run, s.start)
+    reporter = Reporter(cfg, run.root) if dist.main else None  # `train.report_to`: the same rows, to dashboards
     def log(path, kind, row):  # rank 0 writes; the rows are the same on every process
         if not dist.main: return
         append_jsonl(path, row)
+        if reporter: reporter.log(kind, row)
         if on_log: on_log(kind, row)
     def log_eval(step):  # rank 0 evaluates (with its full copy of the weights) while the others wait
         ex = eval_set[:t.eval_subset] if t.eval_subset and 0 < step < t.steps else eval_set  # the first and last: all
         if dist.main: evals.append(evaluate_step(cfg, s, ex, step, progress)); log(run.evals, "eval", evals[-1])
         dist.barrier()
-    if evaluate_every and s.start == 0 and not evals: log_eval(0)
-    flag, restore = _stop_on_signals()
-    end = t.steps if stop_after is None else min(t.steps, s.start + stop_after)
-    bar = tqdm(range(s.start, end), desc=f"{cfg.algo.name}", disable=not progress or not dist.main, initial=s.start,
-               total=t.steps)
-    done, t_run = s.start, time.time()
     try:
-        for step in bar:
-            row = train_step(cfg, s, step)
-            # log
-            log(run.metrics, "step", row); done = step + 1
-            if row.get("accuracy") is not None:
-                bar.set_postfix(acc=f"{row['accuracy']:.2f}", len=f"{row['response_tokens_mean']:.0f}")
-            # evaluate and checkpoint
-            if evaluate_every and t.eval_every and done % t.eval_every == 0 and done < t.steps: log_eval(done)
-            stop = dist.any(flag["stop"])  # a signal on any process stops them all at this step
-            if (t.save_every and done % t.save_every == 0) or stop: s.save(run, done)
-            if stop: raise KeyboardInterrupt
-            if stop_event is not None and stop_event.is_set(): break  # checkpointed below, like a finished run
-    finally: restore()  # a second Ctrl-C leaves mid-step without saving: the weights may hold part of a step
-    if dist.any(done > s.start or not run.checkpoint.exists()): s.save(run, done)
-    # also after a crash in it
-    if evaluate_every and done == t.steps and not dist.any(any(e["step"] == done for e in evals)): log_eval(done)
-    return dict(run_dir=str(run.root), steps=done, seconds=round(time.time() - t_run, 1), rank=dist.rank,
-                first_eval=evals[0] if evals else None, last_eval=evals[-1] if evals else None)
+        if evaluate_every and s.start == 0 and not evals: log_eval(0)
+        flag, restore = _stop_on_signals()
+        end = t.steps if stop_after is None else min(t.steps, s.start + stop_after)
+        bar = tqdm(range(s.start, end), desc=f"{cfg.algo.name}", disable=not progress or not dist.main,
+                   initial=s.start, total=t.steps)
+        done, t_run = s.start, time.time()
+        try:
+            for step in bar:
+                row = train_step(cfg, s, step)
+                # log
+                log(run.metrics, "step", row); done = step + 1
+                if row.get("accuracy") is not None:
+                    bar.set_postfix(acc=f"{row['accuracy']:.2f}", len=f"{row['response_tokens_mean']:.0f}")
+                # evaluate and checkpoint
+                if evaluate_every and t.eval_every and done % t.eval_every == 0 and done < t.steps: log_eval(done)
+                stop = dist.any(flag["stop"])  # a signal on any process stops them all at this step
+                if (t.save_every and done % t.save_every == 0) or stop: s.save(run, done)
+                if stop: raise KeyboardInterrupt
+                if stop_event is not None and stop_event.is_set(): break  # checkpointed below, like a finished run
+        finally: restore()  # a second Ctrl-C leaves mid-step without saving: the weights may hold part of a step
+        if dist.any(done > s.start or not run.checkpoint.exists()): s.save(run, done)
+        # also after a crash in it
+        if evaluate_every and done == t.steps and not dist.any(any(e["step"] == done for e in evals)): log_eval(done)
+        return dict(run_dir=str(run.root), steps=done, seconds=round(time.time() - t_run, 1), rank=dist.rank,
+                    first_eval=evals[0] if evals else None, last_eval=evals[-1] if evals else None)
+    finally:
+        if reporter: reporter.close()
