@@ -10,7 +10,7 @@ compares what the kept members imply with what the full group says:
 - the implied group accuracy (correct / counted members) against the full group's;
 - the class-weighted pair advantages of the two representatives (the shortest correct and incorrect, the same in both
   views) against the full group's;
-- the tokens early stop would have saved.
+- the tokens early stop would have saved (a cancelled member has run as long as the last kept one).
 Prints a table and writes a JSON result.
 """
 import argparse
@@ -38,7 +38,8 @@ def group_view(rewards: torch.Tensor, correct: torch.Tensor, lengths: torch.Tens
         n = int(kept[b].sum())
         out.append(dict(acc_full=correct[b].float().mean().item(), acc_early=(correct[b] & kept[b]).sum().item() / n,
                         kept=n, adv_full=full[b].tolist(), adv_early=early[b].tolist(),
-                        tokens_full=int(lengths[b].sum()), tokens_early=int(lengths[b][kept[b]].sum())))
+                        tokens_full=int(lengths[b].sum()),  # a cancelled member ran until the last kept one ended
+                        tokens_early=int(lengths[b].clamp(max=int(lengths[b][kept[b]].max())).sum())))
     return out
 
 
