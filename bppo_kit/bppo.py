@@ -168,13 +168,16 @@ class BPPO(Algorithm):
                 c = r.completions[b * G + j]
                 items.append(TrainItem(c.prompt_ids, c.completion_ids, adv[b, k].item(), int(keep[b, k]),
                                        sample_logprobs=c.logprobs or None))
-        return self._scaled(r, items), self._metrics(r, items, ratio)
+        return self._finish(r, items, ratio)
 
-    def _scaled(self, r: Rollout, items: list[TrainItem]) -> list[TrainItem]:
-        "`items` with advantages x `parity_factor` when `algo.loss_scale=grpo`"
-        if self.cfg.algo.loss_scale == "own" or not items: return items
-        f = parity_factor(items, r, self.cfg.algo.reduction)
-        return [replace(it, advantage=it.advantage * f) for it in items]
+    def _finish(self, r: Rollout, items: list[TrainItem], ratio: float) -> tuple[list[TrainItem], dict]:
+        "`items` and their metrics; with `algo.loss_scale=grpo` the advantages x `parity_factor` (logged too)"
+        m = dict(frac_zero_std_groups=zero_signal_frac(r.rewards), selected_sequences=len(items),
+                 prefix_tokens=sum(it.n_train for it in items), prefix_ratio=ratio)
+        if self.cfg.algo.loss_scale == "grpo" and items:
+            f = m["parity_factor"] = parity_factor(items, r, self.cfg.algo.reduction)
+            items = [replace(it, advantage=it.advantage * f) for it in items]
+        return items, m
 
     def _prefix_only(self, r: Rollout, sel: torch.Tensor, keep: torch.Tensor,
                      ratio: float) -> tuple[list[TrainItem], dict]:
@@ -191,14 +194,7 @@ class BPPO(Algorithm):
                        int(prefix_lengths(torch.tensor([[n, 0]]), a.prefix_mode, ratio, a.prefix_tokens)[0, 0]))
                 items.append(TrainItem(c.prompt_ids, c.completion_ids, adv[b, j].item(), cut,
                                        sample_logprobs=c.logprobs or None))
-        return self._scaled(r, items), self._metrics(r, items, ratio)
-
-    def _metrics(self, r: Rollout, items: list[TrainItem], ratio: float) -> dict:
-        m = dict(frac_zero_std_groups=zero_signal_frac(r.rewards), selected_sequences=len(items),
-                 prefix_tokens=sum(it.n_train for it in items), prefix_ratio=ratio)
-        if self.cfg.algo.loss_scale == "grpo" and items:
-            m["parity_factor"] = parity_factor(items, r, self.cfg.algo.reduction)
-        return m
+        return self._finish(r, items, ratio)
 
     def remember(self, r: Rollout):
         "Keep the step's correct response lengths for `budget` (the last `BUDGET_WINDOW` steps)"
