@@ -56,8 +56,8 @@ def _rank0() -> bool: return os.environ.get("RANK", "0") in ("", "0")  # the fir
 
 def cmd_train(args, cfg: Config) -> int:
     from bppo_kit.runs import plot_run
-    from bppo_kit.trainer import train
-    try: s = train(cfg, resume=args.resume, progress=not args.quiet, overwrite=args.overwrite)
+    from bppo_kit.api import RLTrainer  # the script API's trainer: `bppo train` is a script with the config's data
+    try: s = RLTrainer(args=cfg).train(resume=args.resume, progress=not args.quiet, overwrite=args.overwrite)
     except KeyboardInterrupt:
         st = Path(cfg.train.out) / "checkpoint" / "trainer_state.pt"
         saved = (f"the checkpoint in {st.parent} holds step {torch.load(st, weights_only=True)['step']}"

@@ -9,7 +9,7 @@ from pathlib import Path
 from matplotlib.figure import Figure
 from .config import Config, ConfigError, apply_overrides, from_dict, to_dict
 from .runs import read_jsonl_rows
-from .trainer import train
+from .api import RLTrainer
 
 # %% auto #0
 __all__ = ['VARIANTS', 'variant_config', 'run_summary', 'aggregate', 'compare_figure', 'cost_table', 'baseline_target',
@@ -209,5 +209,5 @@ def compare(base: Config, # the shared config (steps, eval size, …)
         if any(e["step"] == c.train.steps for e in read_jsonl_rows(run / "eval.jsonl")): continue
         resume = (run / "checkpoint" / "trainer_state.pt").exists()
         if progress: print(f"== {v} seed {s} -> {run}", flush=True)
-        train(c, resume=resume, overwrite=not resume, progress=progress)
+        RLTrainer(args=c).train(resume=resume, overwrite=not resume, progress=progress)
     return write_report(out, {v: [Path(cfgs[(v, s)].train.out) for s in seeds] for v in variants}, target, tolerance)

@@ -9,6 +9,7 @@ from statistics import mean
 from .config import Config, DataConfig
 from .data import Example, load_synthetic_eval, load_task, style_of
 from .policy import prompt_ids
+from .rewards import Task
 from .rollout import Completion, HFEngine, SamplingParams
 from .verifier import score
 
@@ -28,16 +29,18 @@ def grade(examples: list[Example], completions: list[Completion]):
 
 def summarize(examples: list[Example], # the graded prompts
               completions: list[Completion], # `samples` per prompt, grouped by prompt
-              samples: int, eos_id: int | None = None) -> dict:
+              samples: int, eos_id: int | None = None,
+              task: Task | None = None) -> dict: # grades them (None: the verifier); reward functions: `reward_mean`
     "Accuracy, mixed-group fraction, lengths (and style splits for synthetic examples) of graded completions"
     if len(completions) != len(examples) * samples:
         raise ValueError(f"expected {len(examples) * samples} completions, got {len(completions)}")
-    ok = [s.correct for s in grade(examples, completions)]
+    rw, ok, _ = (task or Task()).grade(examples, completions)
     n = [response_tokens(c, eos_id) for c in completions]
     groups = [ok[i:i + samples] for i in range(0, len(ok), samples)]
     r = dict(accuracy=_m(ok), mixed_group_fraction=_m([0 < sum(g) < samples for g in groups]),
              mean_response_tokens=_m(n), mean_correct_tokens=_m([x for x, o in zip(n, ok) if o]),
              mean_incorrect_tokens=_m([x for x, o in zip(n, ok) if not o]), n_prompts=len(examples), samples=samples)
+    if task is not None and task.reward_funcs: r["reward_mean"] = _m(rw)
     if examples and all(e.task == "synthetic" for e in examples):
         st = [style_of(c.text) for c in completions]
         r["accuracy_by_style"] = {s: _m([o for o, t in zip(ok, st) if t == s]) for s in ("concise", "verbose")}
@@ -53,19 +56,20 @@ def evaluate(model, tok, examples: list[Example], # the eval prompts
              engine=None, # an engine with `generate(prompts, n, sampling)`; default `HFEngine`
              progress: bool = False, # show a progress bar
              data: DataConfig | None = None, # how prompts are formatted (`prompt_ids`); None = plain text
-             subset: int = 0) -> dict: # also `subset_accuracy`: the first `subset` prompts' accuracy, same samples
+             subset: int = 0, # also `subset_accuracy`: the first `subset` prompts' accuracy, same samples
+             task: Task | None = None) -> dict: # grades the completions (`summarize`); None: the verifier
     "Sample and grade `examples`; the summary dict `bppo eval` writes"
     sp = sampling or SamplingParams(logprobs=False)
     eng = engine or HFEngine(model, tok, progress=progress)
     t0 = time.time()
     prompts = [prompt_ids(tok, e, data) for e in examples]
     cs = eng.generate(prompts, samples, sp)
-    r = summarize(examples, cs, samples, tok.eos_token_id)
+    r = summarize(examples, cs, samples, tok.eos_token_id, task)
     if 0 < subset < len(examples):  # what a cheap evaluation on the first `subset` prompts would have measured
-        r["subset_accuracy"] = summarize(examples[:subset], cs[:subset * samples], samples)["accuracy"]
+        r["subset_accuracy"] = summarize(examples[:subset], cs[:subset * samples], samples, task=task)["accuracy"]
     if greedy:
         gs = eng.generate(prompts, 1, SamplingParams(temperature=0, max_new_tokens=sp.max_new_tokens, logprobs=False))
-        r["greedy_accuracy"] = _m([s.correct for s in grade(examples, gs)])
+        r["greedy_accuracy"] = _m((task or Task()).grade(examples, gs)[1])
         r["greedy_mean_response_tokens"] = _m([response_tokens(c, tok.eos_token_id) for c in gs])
     r["seconds"] = round(time.time() - t0, 2)
     return r

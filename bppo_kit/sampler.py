@@ -11,7 +11,8 @@ from .config import Config, ConfigError
 from .core import Completion, Rollout, SamplingParams
 from .distributed import Dist, deal_items, gather_rollout
 from .data import Example, load_synthetic_eval, load_task, style_of, synthetic_example, synthetic_stream
-from .evaluate import grade, response_tokens
+from .evaluate import response_tokens
+from .rewards import Task
 from .policy import prompt_ids
 from .rollout import HFEngine, KitEngine
 
@@ -36,12 +37,16 @@ def step_seed(seed: int, # the run's seed (`data.seed` for prompts, `train.seed`
 # %% ../nbs/04c_sampler.ipynb #522b7114
 class PromptSource:
     "The prompts of each step, a pure function of (seed, step)"
-    def __init__(self, cfg: Config):
+    def __init__(self, cfg: Config,
+                 examples: list[Example] | None = None): # your own prompts (a `Task`'s); None: `data.task`'s
         self.cfg, self.n = cfg, cfg.train.prompts_per_step
-        d = cfg.data
-        self.examples = None if d.task == "synthetic" else load_task(d.task, "train", d.path or None)
-        self.held = ({e.meta["expr"] for e in load_synthetic_eval(d.eval_path or None)} if d.task == "synthetic"
-                     else set())
+        d, own = cfg.data, examples is not None
+        if own and len(examples) < self.n:
+            raise ConfigError(f"train_dataset: {len(examples)} rows, fewer than train.prompts_per_step={self.n}")
+        self.examples = (examples if own else None if d.task == "synthetic"
+                         else load_task(d.task, "train", d.path or None))
+        self.held = ({e.meta["expr"] for e in load_synthetic_eval(d.eval_path or None)}
+                     if d.task == "synthetic" and not own else set())
 
     def __call__(self, step: int) -> list[Example]:
         seed = self.cfg.data.seed
@@ -79,14 +84,17 @@ def records_logprobs(cfg: Config) -> bool:
     return cfg.algo.tis_cap > 0 and (cfg.rollout.engine == "vllm" or cfg.model.dtype != "float32")
 
 # %% ../nbs/04c_sampler.ipynb #3b9835f1
-def score_rollout(examples: list[Example], completions: list[Completion], group_size: int, eos_id) -> Rollout:
-    "Grade every completion of a step (a cancelled one scores 0 and is marked invalid)"
-    sc = grade(examples, completions)
-    shape = (len(examples), group_size)
-    valid = torch.tensor([c.finish_reason != "cancelled" for c in completions]).view(shape)
-    return Rollout(examples, completions, torch.tensor([s.reward for s in sc]).view(shape) * valid,
-                   torch.tensor([s.correct for s in sc]).view(shape) & valid,
-                   torch.tensor([response_tokens(c, eos_id) for c in completions]).view(shape), valid)
+def score_rollout(examples: list[Example], completions: list[Completion], group_size: int, eos_id,
+                  grade=None) -> Rollout: # `(examples, completions) -> (rewards, correct)`; None: the verifier's
+    "Grade every completion of a step (a cancelled one is not graded: it scores 0 and is marked invalid)"
+    grade = grade or (lambda ex, cs: Task().grade(ex, cs)[:2])
+    live = [c.finish_reason != "cancelled" for c in completions]
+    rw, ok = grade(examples, [c for c, keep in zip(completions, live) if keep])
+    rw, ok, shape = iter(rw), iter(ok), (len(examples), group_size)
+    return Rollout(examples, completions, torch.tensor([next(rw) if k else 0.0 for k in live]).view(shape),
+                   torch.tensor([next(ok) if k else False for k in live]).view(shape),
+                   torch.tensor([response_tokens(c, eos_id) for c in completions]).view(shape),
+                   torch.tensor(live).view(shape))
 
 # %% ../nbs/04c_sampler.ipynb #4ab2d1ff
 def rollout_metrics(r: Rollout) -> dict:
@@ -128,11 +136,12 @@ def refill_groups(ro: Rollout, extra: Rollout) -> tuple[Rollout, int]:
 class Sampler:
     "A step's samples for the algorithms: prompts, sampling parameters, and graded groups of completions"
     def __init__(self, cfg: Config, engine, tok, prompts: PromptSource | None = None,
-                 dist: Dist | None = None): # this process's place in a scale-out run (none: one process)
-        self.cfg, self.engine, self.tok = cfg, engine, tok
-        self.prompts = prompts if prompts is not None else PromptSource(cfg)
+                 dist: Dist | None = None, # this process's place in a scale-out run (none: one process)
+                 task: Task | None = None): # your own data and rewards (the rewards lesson); None: the config's
+        self.cfg, self.engine, self.tok, self.task = cfg, engine, tok, task or Task()
+        self.prompts = prompts if prompts is not None else PromptSource(cfg, self.task.train)
         self.dist = dist or Dist()
-        self.reward_s = 0.0  # seconds spent grading since the loop last asked
+        self.reward_s, self.reward_m = 0.0, {}  # grading seconds, reward functions' means: since the loop last asked
 
     def params(self, step: int, round_: int = 0, max_new_tokens: int | None = None) -> SamplingParams:
         "Sampling parameters of step `step` (resampling round `round_`): the config's, seeded by `(train.seed, step)`"
@@ -141,12 +150,20 @@ class Sampler:
         return SamplingParams(r.temperature, r.top_p, r.top_k, max_new_tokens or r.max_new_tokens, seed=seed,
                               logprobs=records_logprobs(self.cfg))
 
-    def score(self, examples: list[Example], completions: list[Completion]) -> Rollout:
-        "`score_rollout`, timed"
+    def grade(self, examples: list[Example], completions: list[Completion],
+              step: int = 0) -> tuple[list[float], list[bool]]:
+        "The task's rewards and correctness of `completions`, timed; each reward function's mean kept for the row"
         t0 = time.time()
-        ro = score_rollout(examples, completions, self.cfg.rollout.group_size, self.tok.eos_token_id)
+        rw, ok, m = self.task.grade(examples, completions, step) if completions else ([], [], {})
+        for k, v in m.items():
+            if v is not None: self.reward_m.setdefault(k, []).append((v, len(completions)))
         self.reward_s += time.time() - t0
-        return ro
+        return rw, ok
+
+    def score(self, examples: list[Example], completions: list[Completion], step: int = 0) -> Rollout:
+        "`score_rollout` with the task's `grade`"
+        return score_rollout(examples, completions, self.cfg.rollout.group_size, self.tok.eos_token_id,
+                             lambda ex, cs: self.grade(ex, cs, step))
 
     def encode(self, examples: list[Example]) -> list[list[int]]:
         "The prompt token ids of `examples` the engine gets, formatted as `data.prompt_format` says (`prompt_ids`)"
@@ -156,6 +173,12 @@ class Sampler:
         "Seconds spent grading since the last call"
         s, self.reward_s = self.reward_s, 0.0
         return s
+
+    def take_reward_metrics(self) -> dict:
+        "Each reward function's mean since the last call (`rewards/NAME`; None: never applied); same keys on every rank"
+        m, self.reward_m = self.reward_m, {}
+        return {k: sum(v * n for v, n in m[k]) / sum(n for _, n in m[k]) if k in m else None
+                for k in (f"rewards/{n}" for n in self.task.names)}
 
     def step_prompts(self, step: int) -> list[Example]:
         "This process's share of the step's prompts (all of them on one process)"
@@ -175,7 +198,7 @@ class Sampler:
         sp = self.params(step, max_new_tokens=max_new_tokens)
         on_finish = scheduler(ex) if scheduler is not None else None
         cs = self.generate(ex, sp, first.start, **({"on_finish": on_finish} if on_finish else {}))
-        ro, refilled = self.resample(step, self.score(ex, cs), max_new_tokens)
+        ro, refilled = self.resample(step, self.score(ex, cs, step), max_new_tokens)
         ro = gather_rollout(self.dist, ro, first.start)  # every rank's share: the whole step
         m = rollout_metrics(ro)
         m["max_new_tokens"] = sp.max_new_tokens
@@ -197,5 +220,5 @@ class Sampler:
             ex = self.prompts.extra(step, k, sum(counts))[first:first + n_dead]
             if not ex: continue
             cs = self.generate(ex, self.params(step, k, max_new_tokens), first)
-            ro, got = refill_groups(ro, self.score(ex, cs)); refilled += got
+            ro, got = refill_groups(ro, self.score(ex, cs, step)); refilled += got
         return ro, refilled

@@ -15,7 +15,6 @@ from .distributed import Dist, reduce_metrics
 from .egae import (adaptive_lambda, dual_clip_surrogate, egae, explained_variance, mc_returns, terminal_rewards,
                            tppo_token_mask, value_loss, whiten_clamp)
 from .policy import pack
-from .verifier import score
 
 # %% auto #0
 __all__ = ['ValueHead', 'ValueModel', 'window_advantages', 'TPPO']
@@ -104,9 +103,7 @@ class TPPO(Algorithm):
         starts = [e.trained for e in entries]  # the first token of each response that has not been trained yet
         generated_from, cs, utilization = self._generate(entries, step, sampler)
         fin = torch.tensor([c.finish_reason in ("eos", "length") for c in cs])
-        scores = [score(c.text, e.example.answer, e.example.task) if f else None
-                  for e, c, f in zip(entries, cs, fin.tolist())]
-        reward = torch.tensor([s.reward if s else 0.0 for s in scores])
+        reward, ok = self._grade(entries, cs, fin, step, sampler)
         V = self._values(entries, sampler.tok.pad_token_id)  # [N, C] over all tokens so far
         adv, keep = window_advantages(V, starts, [len(e.tokens) for e in entries], reward, fin, self.cfg)
         k = keep.sum(1)
@@ -116,7 +113,7 @@ class TPPO(Algorithm):
         done = [e for e, f in zip(entries, fin.tolist()) if f]
         self.pool.put_back([e for e, f in zip(entries, fin.tolist()) if not f])
         self._finished = (done, reward[fin], V[fin])
-        m = self._metrics(entries, generated_from, done, scores, reward, fin, k, sampler.tok.eos_token_id)
+        m = self._metrics(entries, generated_from, done, ok, reward, fin, k, sampler.tok.eos_token_id)
         m = {**m, "slot_utilization": utilization, "carried_tokens": sum(it.carried for it in items)}
         return items, reduce_metrics(self.dist, m, summed=self.SUMMED)  # counts summed over processes, others averaged
 
@@ -156,8 +153,18 @@ class TPPO(Algorithm):
         dev = next(self.value.parameters()).device
         return self.value(pack([e.prompt_ids for e in entries], [e.tokens for e in entries], pad_id, dev)).float().cpu()
 
-    def _metrics(self, entries, starts, done, scores, reward, fin, k, eos_id) -> dict:
-        ok = torch.tensor([s.correct for s in scores if s is not None])
+    @staticmethod
+    def _grade(entries: list[Entry], cs: list[Completion], fin: torch.Tensor, step: int,
+               sampler) -> tuple[torch.Tensor, torch.Tensor]:
+        "The run's rewards of the finished responses (0 for the others), and the finished ones' correctness"
+        done = fin.nonzero().flatten().tolist()
+        rw, ok = sampler.grade([entries[i].example for i in done],
+                               [replace(cs[i], prompt_index=j) for j, i in enumerate(done)], step)
+        reward = torch.zeros(len(cs))
+        reward[done] = torch.tensor(rw, dtype=torch.float32)
+        return reward, torch.tensor(ok, dtype=torch.bool)
+
+    def _metrics(self, entries, starts, done, ok, reward, fin, k, eos_id) -> dict:
         lens = torch.tensor([len(e.tokens) - (1 if e.tokens and e.tokens[-1] == eos_id else 0) for e in done]).float()
         mean = lambda x: x.float().mean().item() if x.numel() else None
         return dict(reward_mean=mean(reward[fin]), accuracy=mean(ok), response_tokens_mean=mean(lens),

@@ -15,7 +15,8 @@ from .core import Algorithm, SamplingParams, algorithm_class, make_algorithm
 from .distributed import (Dist, checkpoint_states, full_state_dict, init_dist, load_optimizer_state,
                                   reduce_metrics)
 from .evaluate import eval_examples, evaluate
-from .policy import add_lora, copy_weights, generation_copy, is_peft, load_policy
+from .policy import DTYPES, add_lora, copy_weights, generation_copy, is_peft, load_policy
+from .rewards import Task
 from .runs import (RunDir, append_jsonl, load_trainer_state, open_run, read_jsonl_rows, rng_state,
                            save_checkpoint, set_rng_state, truncate_metrics)
 from .sampler import Sampler, make_engine, step_seed
@@ -24,8 +25,8 @@ from .update import check_fused_head, update
 import bppo_kit.bppo, bppo_kit.grpo, bppo_kit.tppo  # noqa: F401 -- the built-in algorithms register themselves
 
 # %% auto #0
-__all__ = ['COSTS', 'lr_at', 'device_of', 'Session', 'own_state', 'check_precision', 'with_lora', 'setup', 'step_costs',
-           'train_step', 'evaluate_step', 'open_run_on', 'rows_after', 'train']
+__all__ = ['COSTS', 'lr_at', 'device_of', 'Session', 'own_state', 'check_precision', 'with_lora', 'start_policy', 'setup',
+           'step_costs', 'train_step', 'evaluate_step', 'eval_examples_of', 'open_run_on', 'rows_after', 'train']
 
 # %% ../nbs/11_trainer.ipynb #ef0a4107
 def lr_at(step: int, lr: float, warmup_steps: int = 0) -> float:
@@ -88,7 +89,24 @@ def with_lora(model, cfg: Config):
     if m.gradient_checkpointing: model.enable_input_require_grads()  # frozen embeddings: let checkpoints get a grad
     return model
 
-def setup(cfg: Config, run: RunDir, resume: bool = False, dist: Dist | None = None) -> Session:
+def start_policy(cfg: Config, run: RunDir, state: dict | None, policy, dev: str):
+    "The float32 masters to train (resuming: the checkpoint; else `policy`, else `model.name_or_path`); the reference"
+    # a given `policy` is made ready as `load_policy` makes its own: float32 on `dev`, left padding, a pad token
+    if policy is None or state:
+        model, tok = load_policy(str(run.checkpoint) if state else cfg.model.name_or_path, "float32", dev, merge=False)
+    else:
+        model, tok = policy
+        tok.padding_side = "left"
+        if tok.pad_token is None: tok.pad_token = tok.eos_token
+        model = model.to(device=dev, dtype=torch.float32).eval()
+    if not cfg.algo.beta: return model, tok, None
+    if policy is None: return model, tok, load_policy(cfg.model.name_or_path, cfg.model.dtype, dev)[0]
+    ref = copy.deepcopy(policy[0]).to(device=dev, dtype=DTYPES[cfg.model.dtype]).eval().requires_grad_(False)
+    return model, tok, ref
+
+def setup(cfg: Config, run: RunDir, resume: bool = False, dist: Dist | None = None,
+          task: Task | None = None, # your own data and rewards (the rewards lesson); None: the config's
+          policy=None) -> Session: # a loaded `(model, tokenizer)` to train in place; None: `model.name_or_path`
     "Seed, load the policy (from the run's checkpoint when resuming), and build optimizer, reference, algorithm, engine"
     t, dist = cfg.train, dist or Dist()
     dev = dist.acc.device if dist.world > 1 else device_of(cfg)
@@ -96,7 +114,7 @@ def setup(cfg: Config, run: RunDir, resume: bool = False, dist: Dist | None = No
     torch.manual_seed(t.seed); random.seed(t.seed); np.random.seed(t.seed)
     state = load_trainer_state(run.checkpoint) if resume and run.state.exists() else None
     # float32 master weights whatever the compute dtype (the policy lesson); a LoRA run's checkpoint is an adapter
-    model, tok = load_policy(str(run.checkpoint) if state else cfg.model.name_or_path, "float32", dev, merge=False)
+    model, tok, ref = start_policy(cfg, run, state, policy, dev)
     check_fused_head(model, t.loss_kernel)
     ctx = getattr(model.config, "max_position_embeddings", None)
     if ctx and cfg.rollout.max_new_tokens >= ctx:
@@ -112,7 +130,6 @@ def setup(cfg: Config, run: RunDir, resume: bool = False, dist: Dist | None = No
     if state is not None:
         if fmt == "torch": opt.load_state_dict(state["optimizer"])
         set_rng_state(own["rng"])
-    ref = load_policy(cfg.model.name_or_path, cfg.model.dtype, dev)[0] if cfg.algo.beta > 0 else None
     algo = make_algorithm(cfg, model)
     if own is not None and own.get("algo") is not None: algo.load_state_dict(own["algo"])
     gen = model if cfg.rollout.engine == "vllm" else generation_copy(model, cfg.model.dtype)
@@ -121,7 +138,7 @@ def setup(cfg: Config, run: RunDir, resume: bool = False, dist: Dist | None = No
     model, opt = dist.prepare(model, opt)  # DDP / FSDP2 with several processes; unchanged on one
     if fmt == "fqn": load_optimizer_state(model, opt, state["optimizer"], fmt)  # an FSDP2 run's checkpoint
     algo.distribute(dist)
-    return Session(model, tok, opt, ref, algo, engine, Sampler(cfg, engine, tok, dist=dist),
+    return Session(model, tok, opt, ref, algo, engine, Sampler(cfg, engine, tok, dist=dist, task=task),
                    state["step"] if state else 0, gen, dist)
 
 # %% ../nbs/11_trainer.ipynb #05c56d7c
@@ -141,6 +158,7 @@ def train_step(cfg: Config, s: Session, step: int) -> dict:
     costs = step_costs(before, getattr(s.engine, "stats", {}))  # every process's engine: summed
     collected = {**collected, **reduce_metrics(s.dist, costs, summed=set(costs))}
     t1, reward_s = time.time(), s.sampler.take_reward_seconds()
+    collected = {**collected, **reduce_metrics(s.dist, s.sampler.take_reward_metrics())}  # `rewards/NAME` means
     # update: the policy's PPO epochs with the algorithm's surrogate, then the algorithm's own work (T-PPO's critic)
     um = update(s.model, s.opt, items, cfg, s.tok.pad_token_id, s.ref, s.algo.surrogate, s.dist)
     um.update(s.algo.after_update(s.tok.pad_token_id))
@@ -158,7 +176,12 @@ def evaluate_step(cfg: Config, s: Session, examples: list, step: int, progress: 
                         seed=step_seed(cfg.train.seed, stream="eval"), logprobs=False)
     return dict(step=step, problems=len(examples),
                 **evaluate(s.policy, s.tok, examples, samples=r.group_size, progress=progress, engine=s.engine,
-                           sampling=sp, data=cfg.data, subset=cfg.train.eval_subset))
+                           sampling=sp, data=cfg.data, subset=cfg.train.eval_subset, task=s.sampler.task))
+
+def eval_examples_of(cfg: Config, task: Task | None) -> list:
+    "What the run evaluates on: its task's eval set; none for a task of its own without one; else the config's"
+    if task is not None and task.eval is not None: return task.eval
+    return [] if task is not None and task.train is not None else eval_examples(cfg)
 
 def _stop_on_signals():
     "Ask the loop to stop at the next step boundary on SIGINT/SIGTERM; returns (flag, restore)"
@@ -195,7 +218,9 @@ def train(cfg: Config, # the validated config
           stop_after: int | None = None, # stop (with a checkpoint) after this many steps of this call
           overwrite: bool = False, # start afresh in a run folder that already holds a run
           on_log=None, # called as `on_log(kind, row)` with kind "step" or "eval" after each row is written (live plots)
-          stop_event: threading.Event | None = None) -> dict: # set it (e.g. by a Stop button) to stop after this step
+          stop_event: threading.Event | None = None, # set it (e.g. by a Stop button) to stop after this step
+          task: Task | None = None, # your own data and reward functions (the rewards lesson); None: the config's
+          policy=None) -> dict: # a loaded `(model, tokenizer)`, trained in place; None: `model.name_or_path`
     "Run RL training; returns a summary with the first and last evaluation"
     t = cfg.train
     algorithm_class(cfg.algo.name).check(cfg)  # an unknown algorithm, or a config it cannot run, fails before any load
@@ -203,8 +228,9 @@ def train(cfg: Config, # the validated config
     check_trackers(cfg)  # a tracker that is not installed: one line, before anything loads
     dist = init_dist(cfg, cpu=device_of(cfg) == "cpu")  # several processes when `accelerate launch` started them
     run = open_run_on(dist, cfg, resume, overwrite)
-    s = setup(cfg, run, resume, dist)
-    eval_set, evals = eval_examples(cfg), rows_after(dist, run, s.start)
+    s = setup(cfg, run, resume, dist, task, policy)
+    eval_set, evals = eval_examples_of(cfg, task), rows_after(dist, run, s.start)
+    evaluate_every = evaluate_every and bool(eval_set)
     reporter = Reporter(cfg, run.root) if dist.main else None  # `train.report_to`: the same rows, to dashboards
     def log(path, kind, row):  # rank 0 writes; the rows are the same on every process
         if not dist.main: return

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from .config import Config, ConfigError, from_dict, get_config, set_value, to_dict, validate
 from .core import ALGORITHMS
-from .trainer import train
+from .api import RLTrainer
 
 # %% auto #0
 __all__ = ['SECTIONS', 'SHOWN', 'SHOWN_PATTERNS', 'HIDDEN', 'LABELS', 'UI_RANGES', 'has_frontend', 'panel_fields', 'widget_spec',
@@ -199,7 +199,7 @@ class Panel:
         bars = hf_logging.is_progress_bar_enabled()
         hf_logging.disable_progress_bar()  # "Loading weights" bars from a thread would land in whichever cell ran last
         try:
-            rec.summary = train(rec.cfg, progress=False, overwrite=True, on_log=on_log, stop_event=stop)
+            rec.summary = RLTrainer(args=rec.cfg).train(progress=False, overwrite=True, on_log=on_log, stop_event=stop)
             rec.status = "done" if rec.summary["steps"] >= rec.cfg.train.steps else "stopped"
         except Exception as e:  # shown in the panel; the kernel carries on
             rec.status, rec.error = "failed", f"{type(e).__name__}: {e}"
