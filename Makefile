@@ -24,7 +24,7 @@ test: install lint check-clean check-export lessons pytest  ## lint, clean and e
 test-fast: install lint check-clean check-export pytest-fast  ## while iterating: the same checks, tests not marked slow, no lessons
 
 lint: install  ## ruff (config in pyproject.toml) and the house rules (tools/check_house.py); both always run
-	@status=0; $(BIN)/ruff check bppo_kit tests benchmarks tools nbs || status=1; \
+	@status=0; $(BIN)/ruff check bppo_kit tests benchmarks tools nbs examples || status=1; \
 	$(BIN)/python tools/check_house.py || status=1; exit $$status
 
 check-clean: install  ## every notebook in nbs/ must be exactly what nbdev-clean writes
