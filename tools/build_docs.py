@@ -1,13 +1,15 @@
 """Render every lesson and tutorial in nbs/ into docs/ as HTML with an index page and navigation (the path without
 Quarto).
 
-Each notebook is executed (cells flagged `#| gpu`, `#| slow` or `#| eval: false` are skipped; `#| hide` cells run but
-are not shown), then exported with nbconvert. Every page gets a navigation bar (index, previous, next); links between
+Each notebook is executed at the small sizes its tests use (`IN_TEST=1`, as under `nbdev-test`, so training cells run a
+few steps and the whole site builds in minutes; `--full` runs the full-size cells instead: tens of minutes), with cells
+flagged `#| gpu`, `#| slow` or `#| eval: false` skipped (`#| hide` cells run but are not shown), then exported with
+nbconvert. Every page gets a navigation bar (index, previous, next); links between
 notebooks (`07_bppo.ipynb`) become links between pages. Widgets print their text summary instead of rendering
 (`BPPO_NO_WIDGETS=1`). `--check` only verifies that every local link of the site resolves.
 
-Usage: python tools/build_docs.py [--no-exec] [--out DIR] [--check] [NOTEBOOK ...]"""
-import argparse, html, os, re, sys
+Usage: python tools/build_docs.py [--no-exec | --full] [--out DIR] [--check] [NOTEBOOK ...]"""
+import argparse, html, os, re, sys, time
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
@@ -111,17 +113,22 @@ def main():
     ap.add_argument("--no-exec", action="store_true", help="render stored outputs only (fast)")
     ap.add_argument("--out", default=str(docs), help="output folder (default docs/)")
     ap.add_argument("--check", action="store_true", help="only check the site's local links")
+    ap.add_argument("--full", action="store_true", help="run the notebooks at full size (tens of minutes)")
     ap.add_argument("notebooks", nargs="*")
     a = ap.parse_args()
     out = Path(a.out).resolve(); out.mkdir(parents=True, exist_ok=True)
     if not a.check:
         os.environ["BPPO_NO_WIDGETS"] = "1"  # kernels inherit it: the widget panel prints its summary on a page
+        if a.full: os.environ.pop("IN_TEST", None)
+        else: os.environ["IN_TEST"] = "1"  # the lessons' test sizes: a few steps per training cell
         paths = [Path(p).resolve() for p in a.notebooks] or all_notebooks()
+        t0 = time.time()
         for p in paths:
-            print(f"rendering {p.relative_to(root)}", flush=True)
+            t = time.time()
             title, sub, body = render(p, not a.no_exec)
             (out / page_name(p)).write_text(body)
-        print(f"wrote {write_site(out)} pages and {out / 'index.html'}")
+            print(f"rendered {p.relative_to(root)} in {time.time() - t:.0f} s", flush=True)
+        print(f"wrote {write_site(out)} pages and {out / 'index.html'} in {time.time() - t0:.0f} s")
     bad = broken_links(out)
     for b in bad: print("broken link:", b)
     if bad: sys.exit(1)

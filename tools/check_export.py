@@ -11,7 +11,7 @@ with tempfile.TemporaryDirectory() as d:
     exe = Path(sys.executable).parent / "nbdev-export"
     subprocess.run([str(exe)], cwd=tmp, check=True)
     a, b = root / "bppo_kit", tmp / "bppo_kit"
-    names = sorted({p.name for p in a.glob("*.py")} | {p.name for p in b.glob("*.py")})
+    names = sorted({str(p.relative_to(a)) for p in a.rglob("*.py")} | {str(p.relative_to(b)) for p in b.rglob("*.py")})
     bad = [n for n in names if not ((a / n).exists() and (b / n).exists() and filecmp.cmp(a / n, b / n, shallow=False))]
     if bad:
         print("bppo_kit/ differs from a fresh nbdev-export of nbs/ in: " + ", ".join(bad))

@@ -59,7 +59,7 @@ def asks_which_algo(path: Path) -> list[str]:
 def check(pkg_dir: Path) -> dict[str, list[str]]:
     "Findings by rule for the package in `pkg_dir`"
     pkg, mod = pkg_dir.name, lambda name: pkg_dir / f"{name}.py"
-    files = sorted(p for p in pkg_dir.glob("*.py") if not p.name.startswith("_"))  # _modidx.py is nbdev's
+    files = sorted(p for p in pkg_dir.rglob("*.py") if not p.name.startswith("_"))  # _modidx.py is nbdev's
     res = {f"functions over {MAX_LINES} lines": [s for p in files for s in long_functions(p)],
            "kernels imports an algorithm module": (forbidden_imports(mod("kernels"), pkg, NOT_FROM_KERNELS)
                                                    if mod("kernels").exists() else []),

@@ -1,0 +1,1 @@
+"""The kit's algorithms inside other training libraries: `trl` (BPPO as a `GRPOTrainer`; needs the `trl` extra)."""
