@@ -8,8 +8,11 @@ nbconvert. Every page gets a navigation bar (index, previous, next); links betwe
 notebooks (`07_bppo.ipynb`) become links between pages. Widgets print their text summary instead of rendering
 (`BPPO_NO_WIDGETS=1`). `--check` only verifies that every local link of the site resolves.
 
-Usage: python tools/build_docs.py [--no-exec | --full] [--out DIR] [--check] [NOTEBOOK ...]"""
+Notebooks render `--jobs` at a time (default 2, one thread of torch each), in their own kernels.
+
+Usage: python tools/build_docs.py [--no-exec | --full] [--jobs N] [--out DIR] [--check] [NOTEBOOK ...]"""
 import argparse, html, os, re, sys, time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
@@ -66,6 +69,12 @@ def render(path: Path, execute: bool):
     body, _ = HTMLExporter(template_name="lab").from_notebook_node(nb)
     return title_of(nb), subtitle_of(nb), fix_links(body)
 
+def render_to(path: Path, out: Path, execute: bool) -> float:
+    "Render `path` into its page under `out`; the seconds it took"
+    t = time.time()
+    (out / page_name(path)).write_text(render(path, execute)[2])
+    return time.time() - t
+
 def add_nav(page: str, bar: str) -> str:
     page = re.sub(r"<nav class=\"bppo-nav\">.*?</nav>", "", page, flags=re.S)  # rebuilt pages get one bar
     if NAV_CSS not in page: page = page.replace("</head>", NAV_CSS + "</head>", 1)
@@ -114,6 +123,7 @@ def main():
     ap.add_argument("--out", default=str(docs), help="output folder (default docs/)")
     ap.add_argument("--check", action="store_true", help="only check the site's local links")
     ap.add_argument("--full", action="store_true", help="run the notebooks at full size (tens of minutes)")
+    ap.add_argument("--jobs", type=int, default=2, help="notebooks rendered at once (each kernel: 1 torch thread)")
     ap.add_argument("notebooks", nargs="*")
     a = ap.parse_args()
     out = Path(a.out).resolve(); out.mkdir(parents=True, exist_ok=True)
@@ -121,13 +131,12 @@ def main():
         os.environ["BPPO_NO_WIDGETS"] = "1"  # kernels inherit it: the widget panel prints its summary on a page
         if a.full: os.environ.pop("IN_TEST", None)
         else: os.environ["IN_TEST"] = "1"  # the lessons' test sizes: a few steps per training cell
+        if a.jobs > 1: os.environ["OMP_NUM_THREADS"] = "1"  # kernels side by side: no oversubscribed cores
         paths = [Path(p).resolve() for p in a.notebooks] or all_notebooks()
         t0 = time.time()
-        for p in paths:
-            t = time.time()
-            title, sub, body = render(p, not a.no_exec)
-            (out / page_name(p)).write_text(body)
-            print(f"rendered {p.relative_to(root)} in {time.time() - t:.0f} s", flush=True)
+        with ProcessPoolExecutor(max(1, a.jobs)) as pool:
+            for p, secs in zip(paths, pool.map(render_to, paths, [out] * len(paths), [not a.no_exec] * len(paths))):
+                print(f"rendered {p.relative_to(root)} in {secs:.0f} s", flush=True)
         print(f"wrote {write_site(out)} pages and {out / 'index.html'} in {time.time() - t0:.0f} s")
     bad = broken_links(out)
     for b in bad: print("broken link:", b)
