@@ -406,6 +406,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                'bppo_kit.tppo.TPPO._draw': ('tppo.html#tppo._draw', 'bppo_kit/tppo.py'),
                                'bppo_kit.tppo.TPPO._generate': ('tppo.html#tppo._generate', 'bppo_kit/tppo.py'),
                                'bppo_kit.tppo.TPPO._grade': ('tppo.html#tppo._grade', 'bppo_kit/tppo.py'),
+                               'bppo_kit.tppo.TPPO._group_filter': ('tppo.html#tppo._group_filter', 'bppo_kit/tppo.py'),
                                'bppo_kit.tppo.TPPO._item': ('tppo.html#tppo._item', 'bppo_kit/tppo.py'),
                                'bppo_kit.tppo.TPPO._metrics': ('tppo.html#tppo._metrics', 'bppo_kit/tppo.py'),
                                'bppo_kit.tppo.TPPO._value_epoch': ('tppo.html#tppo._value_epoch', 'bppo_kit/tppo.py'),

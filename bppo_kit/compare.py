@@ -29,6 +29,10 @@ VARIANTS = {
     "prefix_only": ["algo.name=bppo", "algo.select=all"],  # every completion, each cut to its group's pair length
     "ppo": ["algo.name=ppo", "rollout.window=0"],  # PPO with a value model, whole responses
     "tppo": ["algo.name=tppo", "rollout.window=32"],  # T-PPO: 32-token windows, EGAE
+    "tppo_filter": ["algo.name=tppo", "rollout.window=32", "algo.group_filter=mixed"],  # + the group filter
+    # unfinished windows train nothing: each response trains whole (carried) once it finishes: PPO's advantages,
+    # T-PPO's generation (the ablation that isolates what EGAE's bootstraps on unfinished windows do)
+    "tppo_defer": ["algo.name=tppo", "rollout.window=32", "algo.exclude_last=4096"],
 }
 
 def variant_config(base: Config, name: str, seed: int, out: Path) -> Config:

@@ -96,6 +96,10 @@ class AlgoConfig:
     value_lr: float = param(5e-4, gt=0)  # T-PPO/PPO: the value model's AdamW learning rate
     value_warmup: int = param(0, ge=0)  # T-PPO/PPO: the first steps train only the critic (no policy update)
     value_epochs: int = param(1, ge=1)  # T-PPO/PPO: critic optimizer steps on each step's finished responses
+    # T-PPO/PPO: mixed = a group whose finished responses all scored the same (at least filter_min of them) trains
+    # no policy tokens: unfinished members wait, untrained, for a different score; finished ones are left out
+    group_filter: str = param("none", choices=["none", "mixed"])
+    filter_min: int = param(2, ge=1)  # T-PPO/PPO: finished members before group_filter judges a group
     value_clip_low: float = param(0.5, gt=0)  # value loss clipped to [V_old - low, V_old + high]
     value_clip_high: float = param(0.6, gt=0)
     # truncated importance sampling: tokens weighted min(p_trainer / p_engine, tis_cap) where the engine's numerics

@@ -49,7 +49,9 @@ def window_advantages(values: torch.Tensor, # [N, C] V(s_t) over every token gen
                       lengths: list[int], # tokens each response has now
                       reward: torch.Tensor, # [N] the score of finished responses (0 for unfinished)
                       finished: torch.Tensor, # [N] bool
-                      cfg: Config) -> tuple[torch.Tensor, torch.Tensor]:
+                      cfg: Config,
+                      drop: torch.Tensor | None = None, # [N] bool: rows the group filter leaves out of this update
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
     "EGAE advantages [N, T] of this window's tokens, whitened and clamped, and the mask [N, T] of tokens that train"
     a = cfg.algo
     n = torch.tensor([L - s for L, s in zip(lengths, starts)])
@@ -60,6 +62,7 @@ def window_advantages(values: torch.Tensor, # [N, C] V(s_t) over every token gen
     lam = adaptive_lambda(torch.tensor(lengths).float(), a.lam, a.lam_alpha) if a.lam_alpha > 0 else a.lam
     adv, _ = egae(terminal_rewards(reward, n, finished, T), window_values, mask, finished, a.gamma, lam)
     train_mask = tppo_token_mask(mask, finished, a.exclude_last)
+    if drop is not None: train_mask &= ~drop[:, None]  # whitened over what trains
     return whiten_clamp(adv, train_mask, a.adv_clamp), train_mask
 
 # %% ../nbs/09b_tppo.ipynb #5e168195
@@ -87,6 +90,7 @@ class TPPO(Algorithm):
                                        weight_decay=0.0) if self.value else None)
         self._finished = None  # (entries, rewards, old values) of the responses that finished this step, for the critic
         self.dist, self.critic = Dist(), self.value  # `critic`: the value model as trained (DDP-wrapped on N processes)
+        self.groups: dict[int, list[float]] = {}  # group -> rewards of its finished members (the group filter's)
 
     def distribute(self, dist: Dist):
         "Scale-out: each process keeps its own pool (its own noise seed); the value model is wrapped like the policy"
@@ -104,21 +108,37 @@ class TPPO(Algorithm):
         generated_from, cs, utilization = self._generate(entries, step, sampler)
         fin = torch.tensor([c.finish_reason in ("eos", "length") for c in cs])
         reward, ok = self._grade(entries, cs, fin, step, sampler)
+        drop = self._group_filter(entries, fin, reward)
         V = self._values(entries, sampler.tok.pad_token_id)  # [N, C] over all tokens so far
-        adv, keep = window_advantages(V, starts, [len(e.tokens) for e in entries], reward, fin, self.cfg)
+        adv, keep = window_advantages(V, starts, [len(e.tokens) for e in entries], reward, fin, self.cfg, drop)
         k = keep.sum(1)
         warm = step < self.cfg.algo.value_warmup  # the critic's warm-up: no policy update, nothing marked trained
         items = [] if warm else [self._item(e, s, int(k[i]), g, adv[i])
                                  for i, (e, s, g) in enumerate(zip(entries, starts, generated_from))]
+        filtered = int(sum(len(e.tokens) - s for e, s, d, f in zip(entries, starts, drop, fin) if d and f))
         done = [e for e, f in zip(entries, fin.tolist()) if f]
         self.pool.put_back([e for e, f in zip(entries, fin.tolist()) if not f])
         self._finished = (done, reward[fin], V[fin])
         m = self._metrics(entries, generated_from, done, ok, reward, fin, k, sampler.tok.eos_token_id)
-        m = {**m, "slot_utilization": utilization, "carried_tokens": sum(it.carried for it in items)}
+        m = {**m, "slot_utilization": utilization, "carried_tokens": sum(it.carried for it in items),
+             "filtered_tokens": 0 if warm else filtered}
         return items, reduce_metrics(self.dist, m, summed=self.SUMMED)  # counts summed over processes, others averaged
 
     SUMMED = {"generated_tokens", "finished", "pool_unfinished", "selected_sequences", "prefix_tokens",
-              "carried_tokens"}
+              "carried_tokens", "filtered_tokens"}
+
+    def _group_filter(self, entries: list[Entry], fin: torch.Tensor, reward: torch.Tensor) -> torch.Tensor:
+        "Bool [N]: entries whose group the filter judges uniform now (this step's finished scores recorded first)"
+        a, drop = self.cfg.algo, torch.zeros(len(entries), dtype=torch.bool)
+        if a.group_filter == "none": return drop
+        for e, f, r in zip(entries, fin.tolist(), reward.tolist()):
+            if f: self.groups.setdefault(e.group, []).append(r)
+        for i, e in enumerate(entries):
+            sc = self.groups.get(e.group, [])
+            drop[i] = len(sc) >= a.filter_min and len(set(sc)) == 1
+        for g in {e.group for e in entries}:  # a group all of whose members finished is settled: forget it
+            if len(self.groups.get(g, [])) >= self.cfg.rollout.group_size: del self.groups[g]
+        return drop
 
     @staticmethod
     def _item(e: Entry, start: int, k: int, generated_from: int, adv: torch.Tensor) -> TrainItem:
@@ -226,7 +246,9 @@ class TPPO(Algorithm):
         return tot
 
     def state_dict(self) -> dict:
-        return dict(pool=self.pool.state(), value=self.value.state_dict(), vopt=self.vopt.state_dict())
+        return dict(pool=self.pool.state(), value=self.value.state_dict(), vopt=self.vopt.state_dict(),
+                    groups=self.groups)
 
     def load_state_dict(self, s: dict):
         self.pool.load(s["pool"]); self.value.load_state_dict(s["value"]); self.vopt.load_state_dict(s["vopt"])
+        self.groups = {int(g): list(r) for g, r in s.get("groups", {}).items()}
