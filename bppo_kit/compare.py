@@ -26,6 +26,8 @@ VARIANTS = {
     "bppo_sched": ["algo.name=bppo", "algo.schedule=early_stop"],  # + adaptive completion scheduling
     "bppo_parity": ["algo.name=bppo", "algo.loss_scale=grpo"],  # GRPO's loss denominator (same gradient budget)
     "bppo_progress": ["algo.name=bppo", "algo.budget=progress"],  # a generation budget that follows training
+    # the same budget, sooner and tighter: from 10% of training, 1.1x the recent correct lengths' 90th percentile
+    "bppo_focus": ["algo.name=bppo", "algo.budget=progress", "algo.budget_explore=0.1", "algo.budget_slack=0"],
     "prefix_only": ["algo.name=bppo", "algo.select=all"],  # every completion, each cut to its group's pair length
     "ppo": ["algo.name=ppo", "rollout.window=0"],  # PPO with a value model, whole responses
     "tppo": ["algo.name=tppo", "rollout.window=32"],  # T-PPO: 32-token windows, EGAE
@@ -89,7 +91,8 @@ def run_summary(run: Path, target: float | None = None, # the full evaluations' 
                 tokens_at_target=hit_row.get("mean_response_tokens") if hit_row else None,
                 grad_norm=_med([r["grad_norm"] for r in trained if r.get("grad_norm") is not None]),
                 clip_rate=_mean([r["grad_clipped"] for r in trained if r.get("grad_clipped") is not None]),
-                slot_utilization=_med([r["slot_utilization"] for r in body if r.get("slot_utilization") is not None]))
+                slot_utilization=_med([r["slot_utilization"] for r in body if r.get("slot_utilization") is not None]),
+                critic_ev=_mean([r["explained_variance"] for r in m if r.get("explained_variance") is not None]))
 
 def aggregate(rows: list[dict]) -> dict:
     "Mean and standard deviation over seeds of every numeric field"
@@ -188,13 +191,15 @@ def write_report(out: Path, runs: dict[str, list[Path]], # variant -> its run fo
     lines += cost_table(agg, base)
     lines += ["", "Gradient scale and responses at the target: the pre-clip gradient norm (median over steps), the "
               "share of steps whose gradient `train.grad_clip` cut, and the eval response length when the target was "
-              "reached.", "", "| variant | grad norm | clip rate % | steps | step at target | tokens at target "
-              f"| tokens vs {base}'s final |", "|---|---|---|---|---|---|---|"]
+              "reached; the critic's explained variance (mean over steps; PPO/T-PPO).", "",
+              "| variant | grad norm | clip rate % | steps | step at target | tokens at target "
+              f"| tokens vs {base}'s final | critic EV |", "|---|---|---|---|---|---|---|---|"]
     for n, a in agg.items():
         t, f = a.get("tokens_at_target"), agg[base].get("final_tokens")
         tok = f"{t['mean'] / f['mean']:.2f}x" if t and f and f["mean"] else "–"
         lines.append(f"| {n} | {_fmt(a, 'grad_norm')} | {_fmt(a, 'clip_rate', True)} | {_fmt(a, 'steps')} | "
-                     f"{_fmt(a, 'step_at_target')} | {_fmt(a, 'tokens_at_target')} | {tok} |")
+                     f"{_fmt(a, 'step_at_target')} | {_fmt(a, 'tokens_at_target')} | {tok} | "
+                     f"{_fmt(a, 'critic_ev')} |")
     lines += ["", "![comparison](compare.png)", ""]
     (out / "report.md").write_text("\n".join(lines))
     compare_figure(runs).savefig(out / "compare.png", dpi=80)
