@@ -32,6 +32,8 @@ VARIANTS = {
     "ppo": ["algo.name=ppo", "rollout.window=0"],  # PPO with a value model, whole responses
     "tppo": ["algo.name=tppo", "rollout.window=32"],  # T-PPO: 32-token windows, EGAE
     "tppo_filter": ["algo.name=tppo", "rollout.window=32", "algo.group_filter=mixed"],  # + the group filter
+    # a critic given more: 10 warm-up steps (critic only, as the paper) and 4 optimizer steps a step
+    "tppo_critic": ["algo.name=tppo", "rollout.window=32", "algo.value_warmup=10", "algo.value_epochs=4"],
     # unfinished windows train nothing: each response trains whole (carried) once it finishes: PPO's advantages,
     # T-PPO's generation (the ablation that isolates what EGAE's bootstraps on unfinished windows do)
     "tppo_defer": ["algo.name=tppo", "rollout.window=32", "algo.exclude_last=4096"],
