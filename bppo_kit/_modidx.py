@@ -156,6 +156,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                       'bppo_kit.distributed.Dist.kind': ('distributed.html#dist.kind', 'bppo_kit/distributed.py'),
                                       'bppo_kit.distributed.Dist.main': ('distributed.html#dist.main', 'bppo_kit/distributed.py'),
                                       'bppo_kit.distributed.Dist.max': ('distributed.html#dist.max', 'bppo_kit/distributed.py'),
+                                      'bppo_kit.distributed.Dist.passes': ('distributed.html#dist.passes', 'bppo_kit/distributed.py'),
                                       'bppo_kit.distributed.Dist.prepare': ('distributed.html#dist.prepare', 'bppo_kit/distributed.py'),
                                       'bppo_kit.distributed.Dist.share': ('distributed.html#dist.share', 'bppo_kit/distributed.py'),
                                       'bppo_kit.distributed.Dist.sum': ('distributed.html#dist.sum', 'bppo_kit/distributed.py'),

@@ -77,6 +77,16 @@ class Dist:
         if self.world == 1: return torch.nn.utils.clip_grad_norm_(params, max_norm)
         return self.acc.clip_grad_norm_(params, max_norm)
 
+    def passes(self, model, n: int, zero, # `zero()`: a zero loss through the whole model
+               rounds: int | None = None): # the busiest process's `n` (asked for when None)
+        "This process's `n` backward passes as (index, last?), then zero ones up to `rounds`: collectives match"
+        rounds = self.max(n) if rounds is None else rounds  # DDP's all-reduces and FSDP2's all-gathers pair up
+        for i in range(rounds):
+            last = i == rounds - 1
+            if i < n: yield i, last
+            else:
+                with self.sync_if(model, last=last): self.backward(zero())
+
 # %% ../nbs/03e_distributed.ipynb #cd025818
 def bare(model):
     "The module inside a DDP wrapper; `model` itself otherwise"

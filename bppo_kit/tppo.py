@@ -225,15 +225,11 @@ class TPPO(Algorithm):
         total = self.dist.sum([mask.sum()])[0]  # finished tokens of every process: the token mean's denominator
         self.vopt.zero_grad(set_to_none=True)
         tot, starts = 0.0, list(range(0, len(done), mb))
-        rounds = self.dist.max(len(starts))  # as many passes as the busiest process (a zero one where none is left)
-        for r in range(rounds):
-            if r >= len(starts):
-                with self.dist.sync_if(self.critic, last=r == rounds - 1):
-                    self.dist.backward(self.critic(pack([[pad_id]], [[pad_id]], pad_id, dev)).sum() * 0.0)
-                continue
+        zero = lambda: self.critic(pack([[pad_id]], [[pad_id]], pad_id, dev)).sum() * 0.0
+        for r, last in self.dist.passes(self.critic, len(starts), zero):  # as many as the busiest process's
             sl = slice(starts[r], starts[r] + mb)
             b = pack([e.prompt_ids for e in done[sl]], [e.tokens for e in done[sl]], pad_id, dev)
-            with self.dist.sync_if(self.critic, last=r == rounds - 1):
+            with self.dist.sync_if(self.critic, last=last):
                 v = self.critic(b)[:, :T]
                 Tm = v.shape[1]
                 w = mask[sl, :Tm].sum() / total  # micro-batch share of the token mean

@@ -168,13 +168,10 @@ def update_epoch(model, batches: list[MicroBatch], old: list, ref: list, cfg: Co
     "One epoch: `rounds` backward passes (this process's micro-batches, then zero ones), all-reduced after the last"
     tot = dict(loss=0.0, clip=0.0, kl=0.0, ent=0.0, tok=0, skl=0.0, capped=0.0)
     cap = active_tis_cap(cfg)
-    for i in range(rounds):
-        if i >= len(batches):  # every process runs as many passes as the busiest (FSDP2's all-gathers must match)
-            with dist.sync_if(model, last=i == rounds - 1): dist.backward(zero_loss(model, pad_id, dev))
-            continue
+    for i, last in dist.passes(model, len(batches), lambda: zero_loss(model, pad_id, dev), rounds):
         (batch, mask, adv, sample, carried), old_lp, ref_lp = batches[i], old[i], ref[i]
         weights = token_weights(mask, cfg.algo.reduction, n_seqs, n_tokens, cfg.rollout.max_new_tokens)
-        with dist.sync_if(model, last=i == rounds - 1):
+        with dist.sync_if(model, last=last):
             with autocast(cfg.model.dtype, dev):
                 loss, clipped, kl, ent, o = micro_batch_loss(model, batch, mask, adv, weights, old_lp, ref_lp, cfg,
                                                              surrogate, sample, carried)
