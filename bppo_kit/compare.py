@@ -28,6 +28,9 @@ VARIANTS = {
     "bppo_progress": ["algo.name=bppo", "algo.budget=progress"],  # a generation budget that follows training
     # the same budget, sooner and tighter: from 10% of training, 1.1x the recent correct lengths' 90th percentile
     "bppo_focus": ["algo.name=bppo", "algo.budget=progress", "algo.budget_explore=0.1", "algo.budget_slack=0"],
+    # selection only (whole responses, no prefix cut) with the same budget as `bppo_focus`
+    "bppo_full_focus": ["algo.name=bppo", "algo.prefix_mode=full", "algo.budget=progress", "algo.budget_explore=0.1",
+                        "algo.budget_slack=0"],
     "prefix_only": ["algo.name=bppo", "algo.select=all"],  # every completion, each cut to its group's pair length
     "ppo": ["algo.name=ppo", "rollout.window=0"],  # PPO with a value model, whole responses
     "tppo": ["algo.name=tppo", "rollout.window=32"],  # T-PPO: 32-token windows, EGAE
