@@ -16,6 +16,8 @@ __all__ = ['VARIANTS', 'variant_config', 'run_summary', 'aggregate', 'compare_fi
            'write_report', 'compare']
 
 # %% ../nbs/11b_compare.ipynb #9c5dd79d
+# the progress budget, sooner and tighter: from 10% of training, 1.1x the recent correct lengths' 90th percentile
+_FOCUS = ["algo.budget=progress", "algo.budget_explore=0.1", "algo.budget_slack=0"]
 VARIANTS = {
     "grpo": ["algo.name=grpo", "algo.reduction=token"],
     "grpo_seq": ["algo.name=grpo", "algo.reduction=seq"],
@@ -26,11 +28,8 @@ VARIANTS = {
     "bppo_sched": ["algo.name=bppo", "algo.schedule=early_stop"],  # + adaptive completion scheduling
     "bppo_parity": ["algo.name=bppo", "algo.loss_scale=grpo"],  # GRPO's loss denominator (same gradient budget)
     "bppo_progress": ["algo.name=bppo", "algo.budget=progress"],  # a generation budget that follows training
-    # the same budget, sooner and tighter: from 10% of training, 1.1x the recent correct lengths' 90th percentile
-    "bppo_focus": ["algo.name=bppo", "algo.budget=progress", "algo.budget_explore=0.1", "algo.budget_slack=0"],
-    # selection only (whole responses, no prefix cut) with the same budget as `bppo_focus`
-    "bppo_full_focus": ["algo.name=bppo", "algo.prefix_mode=full", "algo.budget=progress", "algo.budget_explore=0.1",
-                        "algo.budget_slack=0"],
+    "bppo_focus": ["algo.name=bppo", *_FOCUS],
+    "bppo_full_focus": ["algo.name=bppo", "algo.prefix_mode=full", *_FOCUS],  # selection only on the same budget
     "prefix_only": ["algo.name=bppo", "algo.select=all"],  # every completion, each cut to its group's pair length
     "ppo": ["algo.name=ppo", "rollout.window=0"],  # PPO with a value model, whole responses
     "tppo": ["algo.name=tppo", "rollout.window=32"],  # T-PPO: 32-token windows, EGAE
