@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 from .config import Config, ConfigError, get_config, set_value, validate
+from .core import engine_caps
 from .policy import load_policy
 from .rewards import Task, examples_from
 from .trainer import train
@@ -65,8 +66,9 @@ class RLTrainer:
     def _check_loaded(self, model):
         "Record a loaded model's own path in the run's config; vLLM needs one on disk"
         path = getattr(model, "name_or_path", "") or ""
-        if self.cfg.rollout.engine == "vllm" and not Path(path).is_dir():
-            raise ConfigError("rollout.engine: vllm loads weights from a folder; pass the model's path, not the model")
+        if engine_caps(self.cfg).own_weights and not path:
+            raise ConfigError(f"rollout.engine: {self.cfg.rollout.engine} builds its engine from the model's folder or "
+                              "hub id (then takes these weights), but this model has no name_or_path")
         if path: set_value(self.cfg, "model.name_or_path", path)
 
     @property

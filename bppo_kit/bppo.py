@@ -8,7 +8,7 @@ import math
 from dataclasses import replace
 import torch
 from .config import Config, ConfigError
-from .core import Algorithm, Rollout, TrainItem, register
+from .core import Algorithm, Rollout, TrainItem, engine_caps, register
 from .data import Example
 from .grpo import group_advantages, zero_signal_frac
 from .verifier import score
@@ -143,9 +143,9 @@ class BPPO(Algorithm):
 
     @classmethod
     def check(cls, cfg: Config):
-        if cfg.algo.schedule != "none" and cfg.rollout.engine != "kit":
-            raise ConfigError(f"algo.schedule: {cfg.algo.schedule} cancels requests mid-generation; "
-                              "use rollout.engine=kit")
+        if cfg.algo.schedule != "none" and not engine_caps(cfg).cancels:
+            raise ConfigError(f"algo.schedule: {cfg.algo.schedule} cancels requests mid-generation, which "
+                              f"rollout.engine={cfg.rollout.engine} cannot (EngineCaps.cancels); use rollout.engine=kit")
 
     def prepare(self, r: Rollout, step: int = 0) -> tuple[list[TrainItem], dict]:
         "Train items (two per mixed group, prefixes only) and metrics for a scored rollout"

@@ -46,8 +46,9 @@ class DataConfig:
 
 @dataclass
 class RolloutConfig:
-    # kit: the kit's continuous batching; hf: transformers' generate, the baseline; vllm: GPUs
-    engine: str = param("kit", choices=["hf", "kit", "vllm"])
+    # kit: the kit's continuous batching; hf: transformers' generate, the baseline; vllm: GPUs; or one you register
+    # (the core lesson's engine interface)
+    engine: str = "kit"
     max_slots: int = param(256, ge=1)  # kit engine: requests decoded at once (KV-cache rows)
     window: int = param(32, ge=0)  # T-PPO: new tokens per response per step (PPO, GRPO, BPPO: whole responses)
     group_size: int = param(8, ge=1)  # completions per prompt; BPPO still samples all of them
@@ -55,6 +56,11 @@ class RolloutConfig:
     top_p: float = param(1.0, gt=0, le=1)  # 1.0 = no nucleus truncation
     top_k: int = param(0, ge=0)  # 0 = no top-k truncation
     max_new_tokens: int = param(160, ge=1)  # verbose synthetic traces run to ~120 characters
+    # the longest prompt in tokens: vLLM's context (max_model_len) is this + max_new_tokens; the memory planner's prompts
+    max_prompt_tokens: int = param(1024, ge=1)
+    # vLLM colocated with the trainer: its share of the GPU (its weights in the compute dtype + its KV cache); the rest
+    # is the trainer's, while vLLM sleeps during the update
+    gpu_memory_utilization: float = param(0.3, gt=0, le=1)
 
 @dataclass
 class AlgoConfig:
@@ -185,8 +191,6 @@ def validate(cfg: Config) -> Config:
     for sec in fields(cfg):
         part = getattr(cfg, sec.name)
         for f in fields(part): setattr(part, f.name, _check_value(f"{sec.name}.{f.name}", f, getattr(part, f.name)))
-    if cfg.rollout.engine == "vllm" and cfg.train.device == "cpu":
-        raise ConfigError("rollout.engine: vllm needs a GPU, but train.device is cpu")
     if cfg.algo.dual_clip and cfg.algo.dual_clip <= 1:
         raise ConfigError(f"algo.dual_clip: must be > 1 or 0 (off), got {cfg.algo.dual_clip}")
     if cfg.train.loss_kernel != "naive" and cfg.algo.beta > 0:

@@ -10,8 +10,9 @@ from .config import Config, ConfigError
 from .data import Example
 
 # %% auto #0
-__all__ = ['ALGORITHMS', 'SamplingParams', 'Completion', 'Request', 'Rollout', 'TrainItem', 'masked_mean', 'clipped_surrogate',
-           'k3_kl', 'entropy_from_logits', 'Algorithm', 'register', 'algorithm_class', 'make_algorithm']
+__all__ = ['ALGORITHMS', 'ENGINES', 'SamplingParams', 'Completion', 'Request', 'Rollout', 'TrainItem', 'masked_mean',
+           'clipped_surrogate', 'k3_kl', 'entropy_from_logits', 'Algorithm', 'register', 'algorithm_class',
+           'make_algorithm', 'EngineCaps', 'Engine', 'register_engine', 'engine_class', 'engine_caps']
 
 # %% ../nbs/03c_core.ipynb #f087151a
 @dataclass
@@ -191,3 +192,83 @@ def make_algorithm(cfg: Config, policy=None) -> Algorithm:
     cls = algorithm_class(cfg.algo.name)
     cls.check(cfg)
     return cls(cfg, policy)
+
+# %% ../nbs/03c_core.ipynb #f3f8c48b
+@dataclass(frozen=True)
+class EngineCaps:
+    "What an engine can do: the trainer, the sampler and the algorithms ask these, never an engine's name"
+    logprobs: bool = True  # returns the log-prob of each sampled token (truncated importance sampling needs them)
+    exact: bool = True  # decodes the trainer's weights with its numerics: in float32 its log-probs are the trainer's
+    own_weights: bool = False  # holds its own copy of the weights: `sync_weights` at setup and after every update
+    windows: bool = False  # `run(requests, sampling, window)` pauses unfinished requests; `Request.prefix` resumes them
+    cancels: bool = False  # `on_finish(completion)` may return requests to cancel while they run
+    device: str | None = None  # the device type it needs ("cuda"); None: any
+
+    def missing(self, **wanted) -> list[str]:
+        "The names among `wanted` (capability=value) this engine lacks"
+        return [k for k, v in wanted.items() if getattr(self, k) != v]
+
+# %% ../nbs/03c_core.ipynb #f3d8cf98
+class Engine:
+    "What the trainer, the sampler and the algorithms ask of a rollout engine; capabilities in `caps`"
+    caps = EngineCaps()
+    name = None  # set by `register_engine`
+
+    @classmethod
+    def check(cls, cfg: Config):
+        "Raise `ConfigError`, naming the field, if this engine cannot serve `cfg` (called before anything loads)"
+        dev = cls.caps.device
+        if dev and cfg.train.device not in ("auto", dev):
+            raise ConfigError(f"rollout.engine: {cls.name or cls.__name__} needs a {dev} device, "
+                              f"but train.device is {cfg.train.device}")
+
+    @classmethod
+    def from_config(cls, cfg: Config, model, tok, dist=None, # `dist`: this process's place in a scale-out run
+                    progress: bool = False):
+        "The engine a run with config `cfg` decodes `model` with"
+        return cls(model, tok, progress=progress)
+
+    def generate(self, prompts: list, n: int = 1, sampling: SamplingParams | None = None,
+                 **kw) -> list[Completion]: # uid_base (a process's share), on_finish (with `caps.cancels`)
+        "`n` completions of each prompt, grouped by prompt: index `i*n + j` is sample `j` of prompt `i`"
+        raise NotImplementedError(f"{type(self).__name__} must define generate")
+
+    def run(self, requests: list[Request], sampling: SamplingParams | None = None, window: int | None = None,
+            on_finish=None) -> list[Completion]:
+        "Decode `requests` (with `caps.windows`: at most `window` new tokens each, unfinished ones paused)"
+        raise NotImplementedError(f"{type(self).__name__} has no windows (EngineCaps.windows)")
+
+    def sync_weights(self, model):
+        "Load `model`'s weights into the engine's own copy (engines with `caps.own_weights`)"
+
+    def sleep(self):
+        "Free the engine's device memory until the next `sync_weights` (the update needs it); no-op by default"
+
+# %% ../nbs/03c_core.ipynb #c81a6e6e
+ENGINES: dict[str, type] = {}  # name -> Engine subclass; filled by `register_engine`
+
+def register_engine(name: str): # the `rollout.engine` that selects the class
+    "Class decorator: make an `Engine` subclass available as `rollout.engine=name`"
+    if not name or not name.replace("_", "").replace("-", "").isalnum():
+        raise ValueError(f"bad engine name {name!r}")
+    def deco(cls):
+        if not (isinstance(cls, type) and issubclass(cls, Engine)):
+            raise TypeError(f"register_engine({name!r}) takes a subclass of bppo_kit.core.Engine, got {cls!r}")
+        old = ENGINES.get(name)
+        if old is not None and not _same_class(old, cls):
+            raise ValueError(f"engine {name!r} is already registered ({old.__module__}.{old.__qualname__})")
+        cls.name, ENGINES[name] = name, cls
+        return cls
+    return deco
+
+def engine_class(name: str) -> type:
+    "The registered class of engine `name`; a `ConfigError` naming `rollout.engine` if there is none"
+    # the built-in engines register themselves when the rollout lesson's module loads; load it on first need
+    if name not in ENGINES: import bppo_kit.rollout  # noqa: F401
+    if name not in ENGINES:
+        raise ConfigError(f"rollout.engine: must be one of {', '.join(ENGINES) or '(none registered)'}; got {name!r}")
+    return ENGINES[name]
+
+def engine_caps(cfg: Config) -> EngineCaps:
+    "The capabilities of the engine `cfg.rollout.engine` names"
+    return engine_class(cfg.rollout.engine).caps

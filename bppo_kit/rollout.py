@@ -11,14 +11,14 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
-from .core import Completion, Request, SamplingParams
+from .core import Completion, Engine, EngineCaps, Request, SamplingParams, register_engine
 from .policy import merged_state_dict, token_logprobs
 
 # %% auto #0
 __all__ = ['trim', 'encode_prompts', 'stop_ids', 'HFEngine', 'hf_batch_available', 'HFBatchEngine', 'idle_fraction', 'mix32',
-           'gumbel_noise', 'filter_logits', 'sample_tokens', 'SlotCache', 'SlotModel', 'Slot', 'Batch', 'admit_waiting',
-           'decode_step', 'accept_tokens', 'compaction', 'finish_slots', 'drop_cancelled', 'check_requests',
-           'KitEngine', 'vllm_available', 'VLLMCompat', 'VLLMEngine']
+           'gumbel_noise', 'gumbel_argmax', 'filter_logits', 'sample_tokens', 'SlotCache', 'SlotModel', 'Slot', 'Batch',
+           'admit_waiting', 'decode_step', 'accept_tokens', 'compaction', 'finish_slots', 'drop_cancelled',
+           'check_requests', 'KitEngine', 'vllm_available', 'VLLMCompat', 'VLLMEngine']
 
 # %% ../nbs/04_rollout.ipynb #d4729ed1
 def trim(row: list[int], stop_ids: set[int]) -> tuple[list[int], str]:
@@ -45,7 +45,8 @@ def stop_ids(model, tok, sp: SamplingParams) -> set[int]:
     return {tok.eos_token_id, *sp.stop_token_ids, *([gen_eos] if isinstance(gen_eos, int) else gen_eos or [])} - {None}
 
 # %% ../nbs/04_rollout.ipynb #fca7fdf7
-class HFEngine:
+@register_engine("hf")
+class HFEngine(Engine):
     "Generation with transformers' `model.generate` (left padding)"
     def __init__(self, model, tok, max_batch: int = 512, progress: bool = False):
         self.model, self.tok, self.max_batch, self.progress = model, tok, max_batch, progress
@@ -90,7 +91,7 @@ def hf_batch_available(model) -> bool:
     "Whether the installed transformers offers `generate_batch` (continuous batching)"
     return callable(getattr(model, "generate_batch", None))
 
-class HFBatchEngine:
+class HFBatchEngine(Engine):
     "Generation with transformers' continuous batching (`model.generate_batch`)"
     def __init__(self, model, tok, progress: bool = False):
         if not hf_batch_available(model):
@@ -152,13 +153,30 @@ def mix32(x: torch.Tensor) -> torch.Tensor:
     x = x ^ (x >> 16); x = _mul32(x, 0x7FEB352D); x = x ^ (x >> 15); x = _mul32(x, 0x846CA68B)
     return x ^ (x >> 16)
 
-def gumbel_noise(seed: torch.Tensor, uid: torch.Tensor, t: torch.Tensor, vocab: int) -> torch.Tensor:
-    "Gumbel(0, 1) noise `[n, vocab]`, a pure function of each row's (seed, request id, token index)"
+def gumbel_noise(seed: torch.Tensor, uid: torch.Tensor, t: torch.Tensor, vocab: int,
+                 start: int = 0, stop: int | None = None) -> torch.Tensor: # columns `start…stop-1` (None: `vocab`)
+    "Gumbel(0, 1) noise `[n, stop - start]`, a pure function of each row's (seed, request id, token index) and column"
     key = mix32(mix32(mix32(seed & _M32) ^ (uid & _M32)) ^ (t & _M32))
-    v = torch.arange(vocab, device=key.device)
+    v = torch.arange(start, vocab if stop is None else stop, device=key.device)
     h = mix32((key[:, None] + _mul32(v, 0x9E3779B1)[None]) & _M32)
     u = ((h >> 8).float() + 0.5) / 2 ** 24  # 24 bits: exactly representable, strictly inside (0, 1)
     return -torch.log(-torch.log(u))
+
+def gumbel_argmax(scores: torch.Tensor, seed: torch.Tensor, uid: torch.Tensor, t: torch.Tensor,
+                  block: int = 1 << 22) -> torch.Tensor: # noise made at once (elements): bounds the int64 temporaries
+    "`(scores + gumbel_noise(...)).argmax(-1)` for `scores [n, V]`, the noise made a block of columns at a time"
+    n, V = scores.shape
+    cols = max(1, block // max(n, 1))
+    best = torch.full((n,), float("-inf"), dtype=scores.dtype, device=scores.device)
+    nxt = torch.zeros(n, dtype=torch.long, device=scores.device)
+    for a in range(0, V, cols):
+        z = scores[:, a:a + cols] + gumbel_noise(seed, uid, t, V, a, min(a + cols, V))
+        i = z.argmax(-1)
+        top = z.gather(-1, i[:, None])[:, 0]
+        # strictly greater: on a tie the earlier column wins, as in one argmax over the whole row
+        won = top > best
+        best, nxt = torch.where(won, top, best), torch.where(won, i + a, nxt)
+    return nxt
 
 # %% ../nbs/04_rollout.ipynb #e67abf03
 def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
@@ -179,9 +197,7 @@ def sample_tokens(logits: torch.Tensor, temperature: float, top_k: int, top_p: f
     "Next tokens for `logits [n, V]` (greedy when `temperature` is 0) and their log-probs under the temperature"
     lp = torch.log_softmax(logits / (temperature or 1.0), -1)
     if temperature == 0: nxt = logits.argmax(-1)
-    else:
-        noise = gumbel_noise(seed, uid, t, logits.shape[-1])
-        nxt = (filter_logits(logits / temperature, top_k, top_p) + noise).argmax(-1)
+    else: nxt = gumbel_argmax(filter_logits(logits / temperature, top_k, top_p), seed, uid, t)
     return nxt, lp.gather(-1, nxt[:, None])[:, 0]
 
 # %% ../nbs/04_rollout.ipynb #3aa1dfae
@@ -202,11 +218,16 @@ class SlotCache:
         self.K = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(self.layers)]
         self.V = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(self.layers)]
 
-    def move(self, holes: list[int], movers: list[int]):
-        "Copy the keys and values of slots `movers` into slots `holes`"
+    def move(self, holes: list[int], movers: list[int],
+             length: int | None = None): # positions `0…length-1` (None: all) hold what the movers wrote
+        "Copy the keys and values of slots `movers` into slots `holes`, the first `length` positions of each"
         dev = self.K[0].device
         h, mv = torch.tensor(holes, device=dev), torch.tensor(movers, device=dev)
-        for l in range(self.layers): self.K[l][h] = self.K[l][mv]; self.V[l][h] = self.V[l][mv]
+        # later positions are masked out until written again: what a hole keeps there is never seen
+        end = self.K[0].shape[2] if length is None else length
+        for l in range(self.layers):
+            self.K[l][h, :, :end] = self.K[l][mv, :, :end]
+            self.V[l][h, :, :end] = self.V[l][mv, :, :end]
 
 # %% ../nbs/04_rollout.ipynb #9ade15d6
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -235,6 +256,7 @@ class SlotModel:
         self.scale = getattr(self.core.layers[0].self_attn, "scaling", self.head_dim ** -0.5)
         self.ctx = getattr(cfg, "max_position_embeddings", None)
         self.cache = SlotCache(len(self.core.layers), self.n_kv, self.head_dim)  # reused across calls
+        self.fold_groups = None  # a decode step's query groups as query rows: None = off CPU (see `_sdpa`)
 
     def reserve(self, slots: int, length: int):
         "A cache of at least `slots` slots of `length` positions, in the model's dtype and on its device"
@@ -261,10 +283,21 @@ class SlotModel:
         return x
 
     def _sdpa(self, q, k, v, **kw):
-        if self.n_kv != self.n_heads:
-            r = self.n_heads // self.n_kv
-            k, v = k.repeat_interleave(r, 1), v.repeat_interleave(r, 1)
-        return F.scaled_dot_product_attention(q, k, v, scale=self.scale, **kw)
+        "Attention of query heads `q [n, H, T, d]` over key/value heads `k, v [n, H_kv, S, d]`, never copying k, v"
+        n, H, T, d = q.shape
+        g = H // self.n_kv  # query heads per key/value head (grouped-query attention)
+        fold = self.fold_groups if self.fold_groups is not None else q.device.type != "cpu"
+        # CPU's kernel reads each group's key/value head in place, giving the bits that copies of it would give
+        if g == 1 or not fold:
+            return F.scaled_dot_product_attention(q, k, v, scale=self.scale, enable_gqa=g > 1, **kw)
+        # CUDA's kernels that take a mask know no groups: SDPA would copy k, v (the whole cache) to H heads. A decode
+        # step has one query per head and a mask per slot, so a group's g heads can be g query rows of their head
+        if T == 1 and "attn_mask" in kw:
+            o = F.scaled_dot_product_attention(q.reshape(n, self.n_kv, g, d), k, v, scale=self.scale, **kw)
+            return o.view(n, H, 1, d)
+        # a prefill on CUDA: these copy the prompts' own keys and values, not the cache
+        return F.scaled_dot_product_attention(q, k.repeat_interleave(g, 1), v.repeat_interleave(g, 1),
+                                              scale=self.scale, **kw)
 
     def _logits(self, x):
         return self.model.lm_head(self.core.norm(x)).float()
@@ -400,7 +433,8 @@ def finish_slots(b: Batch, slot_ids: list[int], reasons: list[str]):
     b.bar.update(len(slot_ids))
     holes, movers = compaction(len(b.slots), slot_ids)
     keep = len(b.slots) - len(set(slot_ids))
-    if holes: b.lm.cache.move(holes, movers)
+    # a busy slot has written at most positions 0…pos (`pos` only before its first token is accepted)
+    if holes: b.lm.cache.move(holes, movers, max(b.slots[mv].pos for mv in movers) + 1)
     for h, mv in zip(holes, movers): b.slots[h] = b.slots[mv]
     del b.slots[keep:]
 
@@ -419,8 +453,10 @@ def check_requests(requests: list[Request], sp: SamplingParams, window: int | No
             raise ValueError(f"prompt of {len(r.prompt_ids)} tokens + {sp.max_new_tokens} new exceeds the context of "
                              f"{ctx}")
 
-class KitEngine:
+@register_engine("kit")
+class KitEngine(Engine):
     "Continuous batching over a slot KV cache, for HF causal LMs of the Llama / Qwen2 / Qwen3 families"
+    caps = EngineCaps(windows=True, cancels=True)
     def __init__(self, model, tok, max_slots: int = 256, # decoding slots (requests decoded at once)
                  prefill_batch: int = 64, # most requests prefilled in one forward
                  progress: bool = False):
@@ -431,6 +467,11 @@ class KitEngine:
         self.lm = SlotModel(model)
         self.stats = dict(generated_tokens=0, seconds=0.0, calls=0, decode_steps=0, prefills=0, slot_steps=0,
                           busy_slot_steps=0)
+
+    @classmethod
+    def from_config(cls, cfg, model, tok, dist=None, progress: bool = False):
+        "The engine of a run: `rollout.max_slots` slots"
+        return cls(model, tok, max_slots=cfg.rollout.max_slots, progress=progress)
 
     @torch.no_grad()
     def run(self, requests: list[Request], sampling: SamplingParams | None = None,
@@ -502,6 +543,27 @@ class VLLMCompat:
         self.top_k_off = vllm.SamplingParams().top_k  # "no top-k": 0 in current vLLM, -1 in older releases
 
     @staticmethod
+    def sleeps(device: torch.device) -> bool:
+        "Whether vLLM has a sleep mode on `device` (CUDA's memory pool; the CPU build has none)"
+        return device.type == "cuda"
+
+    @staticmethod
+    def empty_cache():
+        "Hand PyTorch's cached device blocks back before vLLM maps memory again (TRL: 'required to avoid OOM')"
+        torch.cuda.empty_cache()  # a no-op where CUDA was never initialised
+
+    @staticmethod
+    def distributed(dist) -> dict:
+        "`vllm.LLM` options for one engine per process under `accelerate launch`: vLLM's external launcher, own device"
+        if dist is None or dist.world == 1: return {}
+        import os
+        local = dist.acc.local_process_index
+        # vLLM reads the process's place from the environment; the external launcher then runs it in this process
+        os.environ.update(RANK=str(dist.rank), LOCAL_RANK=str(local), WORLD_SIZE=str(dist.world))
+        if torch.cuda.is_available(): torch.cuda.set_device(local)  # else every rank's engine lands on GPU 0
+        return dict(distributed_executor_backend="external_launcher")
+
+    @staticmethod
     def wake_up(llm, tags: list[str], asleep: set[str]) -> list[str]:
         "Wake `tags` of `llm`; returns what woke (older vLLM takes no `tags` and wakes all that sleeps)"
         try: llm.wake_up(tags=tags)
@@ -543,14 +605,17 @@ class VLLMCompat:
                            "VLLM_ENABLE_V1_MULTIPROCESSING=0?); tried " + "; ".join(errors))
 
 # %% ../nbs/04_rollout.ipynb #f89c2763
-class VLLMEngine:
+@register_engine("vllm")
+class VLLMEngine(Engine):
     "Generation with vLLM (`vllm.LLM`), colocated with the trainer; `sync_weights` pushes training weights in memory"
-    def __init__(self, model, tok, model_path: str, # a checkpoint folder of `model`'s architecture (config, weights)
+    caps = EngineCaps(exact=False, own_weights=True, device="cuda")
+    def __init__(self, model, tok, model_path: str, # a checkpoint folder or hub id of `model`'s architecture
                  gpu_memory_utilization: float = 0.3, # share of device memory for the engine (weights + KV cache)
-                 sleep: bool = True, # on CUDA: sleep (level 1) after each `generate`, wake before the next
-                 max_model_len: int | None = None, # context length; None = the checkpoint's
-                 dtype: str | None = None, # None = the training model's dtype
+                 sleep: bool = True, # where vLLM can (CUDA): `sleep()` frees weights and KV cache for the update
+                 max_model_len: int | None = None, # context length: prompt + new tokens; None = the checkpoint's
+                 dtype: str | None = None, # the compute dtype (the run's `model.dtype`); None = `model`'s own
                  seed: int = 0, # vLLM's engine seed
+                 dist=None, # scale-out: this process's place (one engine per process, on its own device)
                  **llm_kwargs): # more `vllm.LLM` options (e.g. enforce_eager=True, kv_cache_memory_bytes=...)
         import os, random
         os.environ.update(VLLMCompat.ENV)
@@ -562,30 +627,45 @@ class VLLMEngine:
                               "or use KitEngine / HFEngine") from e
         self.vllm, self.model, self.tok = vllm, model, tok
         p = next(model.parameters())
-        self.sleep_mode = bool(sleep) and p.device.type == "cuda"
+        self.sleep_mode = bool(sleep) and VLLMCompat.sleeps(p.device)
         if dtype is None: dtype = str(p.dtype).removeprefix("torch.")
+        kw = dict(model=model_path, skip_tokenizer_init=True, dtype=dtype, seed=seed,
+                  gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
+                  enable_sleep_mode=self.sleep_mode, **VLLMCompat.LLM_KWARGS, **VLLMCompat.distributed(dist))
         # vLLM seeds Python's, NumPy's and torch's global generators while it starts: keep the trainer's streams
         import numpy as np
         py_state, np_state = random.getstate(), np.random.get_state()
         with torch.random.fork_rng(devices=[p.device] if p.device.type == "cuda" else []):
-            self.llm = vllm.LLM(model=model_path, skip_tokenizer_init=True, dtype=dtype, seed=seed,
-                                gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
-                                enable_sleep_mode=self.sleep_mode, **VLLMCompat.LLM_KWARGS, **llm_kwargs)
+            self.llm = vllm.LLM(**kw, **llm_kwargs)
         random.setstate(py_state); np.random.set_state(np_state)
         self.ctx = self.llm.llm_engine.model_config.max_model_len
         self.compat = VLLMCompat(vllm)
         self.last_sync = None  # how the last `sync_weights` reached the engine's model
         self.asleep: set[str] = set()  # what sleep mode has taken off the device: "weights", "kv_cache"
+        self.stale = False  # the weights were discarded by `sleep()` and not pushed again yet
         self.stats = dict(generated_tokens=0, seconds=0.0, calls=0, syncs=0)
-        if self.sleep_mode: self._sleep()
 
-    def _sleep(self):
-        self.llm.sleep(level=1); self.asleep = {"weights", "kv_cache"}
+    @classmethod
+    def from_config(cls, cfg, model, tok, dist=None, progress: bool = False):
+        "The engine of a run: the compute dtype, `rollout.gpu_memory_utilization`, a context of prompt + new tokens"
+        from bppo_kit.policy import resolve_policy_path
+        r = cfg.rollout
+        return cls(model, tok, resolve_policy_path(cfg.model.name_or_path), r.gpu_memory_utilization,
+                   max_model_len=r.max_prompt_tokens + r.max_new_tokens, dtype=cfg.model.dtype, seed=cfg.train.seed,
+                   dist=dist)
 
-    def _wake(self, tags: tuple[str, ...] = ("weights", "kv_cache")):
+    def sleep(self):
+        "Free the weights and the KV cache for the update (level 2: the weights are pushed again anyway)"
+        if not self.sleep_mode or self.asleep: return
+        self.llm.sleep(level=2)
+        self.asleep, self.stale = {"weights", "kv_cache"}, True
+
+    def _wake(self, tags: tuple[str, ...]):
         "Bring back what sleeps among `tags` (waking a tag that is awake would map its memory twice)"
         todo = sorted(self.asleep & set(tags))
-        if todo: self.asleep -= set(self.compat.wake_up(self.llm, todo, self.asleep))
+        if not todo: return
+        VLLMCompat.empty_cache()
+        self.asleep -= set(self.compat.wake_up(self.llm, todo, self.asleep))
 
     def generate(self, prompts: list[str | list[int]], # text, or token ids (the trainer's: `prompt_ids`)
                  n: int = 1, sampling: SamplingParams | None = None,
@@ -595,6 +675,7 @@ class VLLMEngine:
         sp = sampling or SamplingParams()
         ids = encode_prompts(self.tok, prompts, n, sp, self.ctx)
         if not ids: return []
+        if self.stale: raise RuntimeError("VLLMEngine: sleep() discarded the weights; sync_weights(model) first")
         stop = stop_ids(self.model, self.tok, sp)
         greedy = sp.temperature == 0
         def params(i):
@@ -606,27 +687,28 @@ class VLLMEngine:
         # vLLM refuses n > 1 for greedy: greedy requests go in n times
         reqs = [(i, x) for i, x in enumerate(ids) for _ in range(n if greedy else 1)]
         t0 = time.time()
-        self._wake()
-        try: outs = self.llm.generate([TokensPrompt(prompt_token_ids=x) for _, x in reqs], [params(i) for i, _ in reqs],
-                                      use_tqdm=False)
-        finally:
-            if self.sleep_mode: self._sleep()
-        cs = []
-        for (i, x), o in zip(reqs, outs):
-            for s in sorted(o.outputs, key=lambda s: s.index):
-                toks = list(s.token_ids)
-                lps = [d[t].logprob for d, t in zip(s.logprobs, toks)] if sp.logprobs else []
-                why = {"stop": "eos", "length": "length", "abort": "cancelled"}.get(s.finish_reason,
-                                                                                    str(s.finish_reason))
-                if why == "eos" and (not toks or toks[-1] not in stop):
-                    raise RuntimeError(f"vLLM stopped on {s.stop_reason!r} without a stop token at the end of the "
-                                       "completion")
-                cs.append(Completion(i, x, toks, self.tok.decode(toks, skip_special_tokens=True), lps, why))
+        self._wake(("kv_cache",))
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=x) for _, x in reqs], [params(i) for i, _ in reqs],
+                                 use_tqdm=False)
+        cs = [c for (i, x), o in zip(reqs, outs) for c in self._completions(i, x, o, stop, sp.logprobs)]
         if sp.logprobs and not greedy and ((sp.top_k and sp.top_k < len(self.tok)) or sp.top_p < 1):
             # vLLM's processed log-probs are renormalised over the kept tokens
             self._recompute_logprobs(cs, sp.temperature)
         self.stats["seconds"] += time.time() - t0; self.stats["calls"] += 1
         self.stats["generated_tokens"] += sum(c.n_tokens for c in cs)
+        return cs
+
+    def _completions(self, i: int, x: list[int], o, stop: set[int], logprobs: bool) -> list[Completion]:
+        "The `Completion`s of vLLM's output `o` for prompt `i` (ids `x`)"
+        cs = []
+        for s in sorted(o.outputs, key=lambda s: s.index):
+            toks = list(s.token_ids)
+            lps = [d[t].logprob for d, t in zip(s.logprobs, toks)] if logprobs else []
+            why = {"stop": "eos", "length": "length", "abort": "cancelled"}.get(s.finish_reason, str(s.finish_reason))
+            if why == "eos" and (not toks or toks[-1] not in stop):
+                raise RuntimeError(f"vLLM stopped on {s.stop_reason!r} without a stop token at the end of the "
+                                   "completion")
+            cs.append(Completion(i, x, toks, self.tok.decode(toks, skip_special_tokens=True), lps, why))
         return cs
 
     @torch.no_grad()
@@ -648,4 +730,5 @@ class VLLMEngine:
         self._wake(("weights",))  # the KV cache sleeps on until the next generate
         self.last_sync = VLLMCompat.load_weights(self.llm, weights)
         self.llm.reset_prefix_cache()
+        self.stale = False
         self.stats["syncs"] += 1

@@ -8,13 +8,13 @@ import random, time
 from dataclasses import replace
 import torch
 from .config import Config, ConfigError
-from .core import Completion, Rollout, SamplingParams
+from .core import Completion, Rollout, SamplingParams, engine_caps, engine_class
 from .distributed import Dist, deal_items, gather_rollout
 from .data import Example, load_synthetic_eval, load_task, style_of, synthetic_example, synthetic_stream
 from .evaluate import response_tokens
 from .rewards import Task
 from .policy import prompt_ids
-from .rollout import HFEngine, KitEngine
+import bppo_kit.rollout  # noqa: F401 -- registers the built-in engines: hf, kit, vllm
 
 # %% auto #0
 __all__ = ['SEED_PRIME', 'ROUND_OFFSETS', 'step_seed', 'PromptSource', 'make_engine', 'records_logprobs', 'score_rollout',
@@ -67,21 +67,17 @@ class PromptSource:
         return random.Random(seed).sample(self.examples, min(n, len(self.examples)))
 
 # %% ../nbs/04c_sampler.ipynb #1d3aa80c
-def make_engine(cfg: Config, model, tok, progress: bool = False):
-    "The rollout engine `cfg.rollout.engine` names, over `model`"
-    r = cfg.rollout
-    if r.engine == "hf": return HFEngine(model, tok, progress=progress)
-    if r.engine == "kit": return KitEngine(model, tok, max_slots=r.max_slots, progress=progress)
-    import bppo_kit.rollout as ro
-    if not hasattr(ro, "VLLMEngine"):
-        raise ConfigError("rollout.engine: this bppo_kit has no VLLMEngine; use rollout.engine=kit")
-    from bppo_kit.policy import resolve_policy_path
-    return ro.VLLMEngine(model, tok, resolve_policy_path(cfg.model.name_or_path))
+def make_engine(cfg: Config, model, tok, progress: bool = False,
+                dist: Dist | None = None): # this process's place in a scale-out run (vLLM: its own device)
+    "The rollout engine `cfg.rollout.engine` names, over `model`, checked against `cfg`"
+    cls = engine_class(cfg.rollout.engine)
+    cls.check(cfg)
+    return cls.from_config(cfg, model, tok, dist=dist or Dist(), progress=progress)
 
 # %% ../nbs/04c_sampler.ipynb #e89ae3cb
 def records_logprobs(cfg: Config) -> bool:
     "Whether training samples keep the engine's log-probs: truncated importance sampling on an inexact engine"
-    return cfg.algo.tis_cap > 0 and (cfg.rollout.engine == "vllm" or cfg.model.dtype != "float32")
+    return cfg.algo.tis_cap > 0 and (not engine_caps(cfg).exact or cfg.model.dtype != "float32")
 
 # %% ../nbs/04c_sampler.ipynb #3b9835f1
 def score_rollout(examples: list[Example], completions: list[Completion], group_size: int, eos_id,

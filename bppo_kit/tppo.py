@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 from .batching import Entry, SamplePool
 from .config import Config, ConfigError
-from .core import Algorithm, Completion, Request, TrainItem, register
+from .core import Algorithm, Completion, Request, TrainItem, engine_caps, register
 from .distributed import Dist, reduce_metrics
 from .egae import (adaptive_lambda, dual_clip_surrogate, egae, explained_variance, mc_returns, terminal_rewards,
                            tppo_token_mask, value_loss, whiten_clamp)
@@ -72,9 +72,9 @@ class TPPO(Algorithm):
     "T-PPO (`window` > 0) and PPO (`window` = 0): sample pool, EGAE, dual-clip policy loss, a value model"
     @classmethod
     def check(cls, cfg: Config):
-        if cfg.rollout.engine != "kit":
-            raise ConfigError(f"rollout.engine: {cfg.algo.name} runs on the kit engine's window mode; "
-                              "use rollout.engine=kit")
+        if engine_caps(cfg).missing(windows=True):
+            raise ConfigError(f"rollout.engine: {cfg.algo.name} decodes in windows, which engine "
+                              f"{cfg.rollout.engine!r} lacks (EngineCaps.windows); use rollout.engine=kit")
         if cfg.algo.name == "tppo" and cfg.rollout.window < 1:
             raise ConfigError("rollout.window: T-PPO needs a window >= 1 (tokens per step)")
         if cfg.train.loss_kernel != "naive":
@@ -162,7 +162,7 @@ class TPPO(Algorithm):
         before = dict(engine.stats)
         sp = replace(sampler.params(step), logprobs=True)  # carried tokens need their sampling log-probs
         cs = engine.run(reqs, sp, window=self.window or None)
-        busy, slots = (engine.stats[k] - before[k] for k in ("busy_slot_steps", "slot_steps"))
+        busy, slots = (engine.stats.get(k, 0) - before.get(k, 0) for k in ("busy_slot_steps", "slot_steps"))
         starts = [len(e.tokens) for e in entries]
         for e, c in zip(entries, cs):
             e.tokens, e.logprobs, e.rounds = list(c.completion_ids), list(c.logprobs), e.rounds + 1

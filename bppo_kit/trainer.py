@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 from .config import Config, ConfigError
-from .core import Algorithm, SamplingParams, algorithm_class, make_algorithm
+from .core import Algorithm, Engine, SamplingParams, algorithm_class, engine_caps, engine_class, make_algorithm
 from .distributed import (Dist, checkpoint_states, full_state_dict, init_dist, load_optimizer_state,
                                   reduce_metrics)
 from .evaluate import eval_examples, evaluate
@@ -42,7 +42,7 @@ def device_of(cfg: Config) -> str:
 class Session:
     "What a run holds while it trains"
     model: object; tok: object; opt: torch.optim.Optimizer; ref: object
-    algo: Algorithm; engine: object; sampler: Sampler
+    algo: Algorithm; engine: Engine; sampler: Sampler
     start: int = 0  # the first step this call trains (the checkpoint's step when resuming)
     gen: object = None  # the weights the engine decodes with: `model` itself, or its copy in the compute dtype
     dist: Dist = field(default_factory=Dist)  # this process's place in a scale-out run (the distributed lesson)
@@ -62,10 +62,11 @@ class Session:
         self.dist.barrier()
 
     def refresh_engine(self):
-        "Hand the engine the updated weights: its copy in the compute dtype (FSDP2: gathered), vLLM's own"
+        "Hand the engine the updated weights: its copy in the compute dtype (FSDP2: gathered), or its own (vLLM's)"
         if self.dist.kind == "fsdp": self.gen.load_state_dict(full_state_dict(self.dist, self.model))
-        else: copy_weights(self.gen, self.policy)  # nothing to do in float32: the engine decodes `model` itself
-        if hasattr(self.engine, "sync_weights"): self.engine.sync_weights(self.policy)  # vLLM holds its own copy
+        else: copy_weights(self.gen, self.policy)  # nothing to do where the engine decodes `model` itself
+        # an engine with weights of its own gets the whole model: under FSDP2 the gathered copy, never a shard
+        if self.engine.caps.own_weights: self.engine.sync_weights(self.gen)
 
 def own_state(state: dict, dist: Dist) -> dict:
     "This process's `rng` and `algo` state in a checkpoint (rank 0's when it was written by another world size)"
@@ -132,14 +133,18 @@ def setup(cfg: Config, run: RunDir, resume: bool = False, dist: Dist | None = No
         set_rng_state(own["rng"])
     algo = make_algorithm(cfg, model)
     if own is not None and own.get("algo") is not None: algo.load_state_dict(own["algo"])
-    gen = model if cfg.rollout.engine == "vllm" else generation_copy(model, cfg.model.dtype)
+    # the weights the engine decodes: a copy in the compute dtype, or `model` itself (float32; an engine with its own)
+    gen = model if engine_caps(cfg).own_weights else generation_copy(model, cfg.model.dtype)
     if dist.kind == "fsdp" and gen is model: gen = copy.deepcopy(model).eval().requires_grad_(False)  # shards in place
-    engine = make_engine(cfg, gen, tok)
+    engine = make_engine(cfg, gen, tok, dist=dist)
     model, opt = dist.prepare(model, opt)  # DDP / FSDP2 with several processes; unchanged on one
     if fmt == "fqn": load_optimizer_state(model, opt, state["optimizer"], fmt)  # an FSDP2 run's checkpoint
     algo.distribute(dist)
-    return Session(model, tok, opt, ref, algo, engine, Sampler(cfg, engine, tok, dist=dist, task=task),
-                   state["step"] if state else 0, gen, dist)
+    s = Session(model, tok, opt, ref, algo, engine, Sampler(cfg, engine, tok, dist=dist, task=task),
+                state["step"] if state else 0, gen, dist)
+    # an engine with its own weights loaded them from `model.name_or_path`: a checkpoint or a given policy is not that
+    if engine.caps.own_weights and (state is not None or policy is not None): s.refresh_engine()
+    return s
 
 # %% ../nbs/11_trainer.ipynb #05c56d7c
 COSTS = {"decode_steps": "decode_steps", "row_steps": "busy_slot_steps", "slot_steps": "slot_steps"}
@@ -156,6 +161,7 @@ def train_step(cfg: Config, s: Session, step: int) -> dict:
     before = dict(getattr(s.engine, "stats", {}))
     items, collected = s.algo.collect(step, s.sampler)  # this process's items; metrics of the whole step
     costs = step_costs(before, getattr(s.engine, "stats", {}))  # every process's engine: summed
+    s.engine.sleep()  # its device memory goes to the update until `refresh_engine` (vLLM's sleep mode)
     collected = {**collected, **reduce_metrics(s.dist, costs, summed=set(costs))}
     t1, reward_s = time.time(), s.sampler.take_reward_seconds()
     collected = {**collected, **reduce_metrics(s.dist, s.sampler.take_reward_metrics())}  # `rewards/NAME` means
@@ -224,6 +230,7 @@ def train(cfg: Config, # the validated config
     "Run RL training; returns a summary with the first and last evaluation"
     t = cfg.train
     algorithm_class(cfg.algo.name).check(cfg)  # an unknown algorithm, or a config it cannot run, fails before any load
+    engine_class(cfg.rollout.engine).check(cfg)  # ... and so does an engine that cannot serve the config
     check_precision(cfg)
     check_trackers(cfg)  # a tracker that is not installed: one line, before anything loads
     dist = init_dist(cfg, cpu=device_of(cfg) == "cpu")  # several processes when `accelerate launch` started them

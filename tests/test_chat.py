@@ -72,8 +72,8 @@ def test_training_run_uses_template_ids(engine, tmp_path, monkeypatch):
     model, tok = chat_model()
     model.save_pretrained(tmp_path / "ckpt"); tok.save_pretrained(tmp_path / "ckpt")
     recs = []
-    def spy(cfg, model, tok, progress=False):
-        recs.append(Recorder(make_engine(cfg, model, tok, progress))); return recs[-1]
+    def spy(cfg, model, tok, progress=False, **kw):
+        recs.append(Recorder(make_engine(cfg, model, tok, progress, **kw))); return recs[-1]
     monkeypatch.setattr(trainer, "make_engine", spy)
     cfg = chat_cfg(engine, f"model.name_or_path={tmp_path / 'ckpt'}", "train.steps=1", f"train.out={tmp_path / 'run'}")
     trainer.train(cfg, progress=False)
