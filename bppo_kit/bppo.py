@@ -144,8 +144,8 @@ class BPPO(Algorithm):
     @classmethod
     def check(cls, cfg: Config):
         if cfg.algo.schedule != "none" and not engine_caps(cfg).cancels:
-            raise ConfigError(f"algo.schedule: {cfg.algo.schedule} cancels requests mid-generation, which "
-                              f"rollout.engine={cfg.rollout.engine} cannot (EngineCaps.cancels); use rollout.engine=kit")
+            raise ConfigError(f"algo.schedule: {cfg.algo.schedule} cancels requests mid-generation, which rollout."
+                              f"engine={cfg.rollout.engine} cannot (EngineCaps.cancels); use rollout.engine=kit")
 
     def prepare(self, r: Rollout, step: int = 0) -> tuple[list[TrainItem], dict]:
         "Train items (two per mixed group, prefixes only) and metrics for a scored rollout"

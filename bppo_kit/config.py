@@ -56,7 +56,7 @@ class RolloutConfig:
     top_p: float = param(1.0, gt=0, le=1)  # 1.0 = no nucleus truncation
     top_k: int = param(0, ge=0)  # 0 = no top-k truncation
     max_new_tokens: int = param(160, ge=1)  # verbose synthetic traces run to ~120 characters
-    # the longest prompt in tokens: vLLM's context (max_model_len) is this + max_new_tokens; the memory planner's prompts
+    # the longest prompt in tokens: vLLM's context (max_model_len) is this + max_new_tokens; the memory planner's too
     max_prompt_tokens: int = param(1024, ge=1)
     # vLLM colocated with the trainer: its share of the GPU (its weights in the compute dtype + its KV cache); the rest
     # is the trainer's, while vLLM sleeps during the update

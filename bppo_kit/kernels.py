@@ -5,13 +5,15 @@
 # %% ../nbs/10_kernels.ipynb #54d39916
 from __future__ import annotations
 import importlib.util, json, os, subprocess, sys
+from contextlib import contextmanager
 import torch
 from .core import clipped_surrogate, k3_kl, masked_mean
 
 # %% auto #0
 __all__ = ['TRITON_DTYPES', 'IMPLS', 'naive_logp', 'naive_prefix_loss', 'streaming_lse', 'token_terms', 'logits_grad_tile',
-           'ChunkedPrefixLoss', 'triton_available', 'interpreting', 'load_triton', 'triton_forward', 'triton_backward',
-           'TritonPrefixLoss', 'pick_impl', 'prefix_policy_loss', 'reference_errors', 'run_interpreted']
+           'tf32_matmuls', 'ChunkedPrefixLoss', 'triton_available', 'interpreting', 'load_triton', 'triton_forward',
+           'triton_backward', 'TritonPrefixLoss', 'pick_impl', 'prefix_policy_loss', 'reference_errors',
+           'run_interpreted']
 
 # %% ../nbs/10_kernels.ipynb #8851a5f3
 tl = None  # `triton.language`, bound by `load_triton()` on first use: the kit imports and runs without Triton
@@ -82,6 +84,24 @@ def logits_grad_tile(h: torch.Tensor, # [M, H] hidden states (in the compute dty
     hit = ((t >= 0) & (t < w_tile.shape[0])).nonzero().squeeze(1)
     return dz.index_put_((hit, t[hit]), g[hit], accumulate=True)
 
+# %% ../nbs/10_kernels.ipynb #cd81b417
+@contextmanager
+def tf32_matmuls(allow: bool = True): # False: change nothing
+    "Within the block CUDA float32 matmuls may use TF32 tensor cores; the setting from before is restored after"
+    mm = torch.backends.cuda.matmul
+    prev = mm.fp32_precision
+    change = allow and prev != "tf32"
+    if change: mm.allow_tf32 = True
+    try: yield
+    finally:
+        if change:
+            mm.allow_tf32 = False
+            mm.fp32_precision = prev
+
+def _tf32_for(h: torch.Tensor):
+    "`tf32_matmuls` for the float32 matmuls of inputs `h`: on CUDA when `h` is narrower than float32 (exact in TF32)"
+    return tf32_matmuls(h.is_cuda and h.element_size() < 4)
+
 # %% ../nbs/10_kernels.ipynb #ebb90628
 class ChunkedPrefixLoss(torch.autograd.Function):
     "Per-token prefix loss of compacted tokens in (token × vocabulary) chunks; backward recomputes each tile"
@@ -90,10 +110,11 @@ class ChunkedPrefixLoss(torch.autograd.Function):
         dt = _acc_dtype(h.dtype)
         lse = torch.empty(h.shape[0], dtype=dt, device=h.device)
         zt = torch.empty_like(lse)
-        for i in range(0, h.shape[0], block_n):
-            hc = h[i:i + block_n]
-            lse[i:i + block_n] = streaming_lse(hc, w, block_v)
-            zt[i:i + block_n] = (hc.to(dt) * w[targets[i:i + block_n]].to(dt)).sum(1)  # target logits
+        with _tf32_for(h):
+            for i in range(0, h.shape[0], block_n):
+                hc = h[i:i + block_n]
+                lse[i:i + block_n] = streaming_lse(hc, w, block_v)
+                zt[i:i + block_n] = (hc.to(dt) * w[targets[i:i + block_n]].to(dt)).sum(1)  # target logits
         logp = zt - lse
         loss, dlogp, ratio, clipped = token_terms(logp, old_logp, adv, eps_low, eps_high, ref_logp, beta)
         ctx.save_for_backward(h, w, targets, lse, dlogp)
@@ -110,13 +131,14 @@ class ChunkedPrefixLoss(torch.autograd.Function):
         ha, ta, la, ga = h[act].to(dt), targets[act], lse[act], g[act]
         dha = torch.zeros(ha.shape, dtype=dt, device=h.device)
         dw = torch.zeros(w.shape, dtype=dt, device=w.device) if ctx.needs_input_grad[1] else None
-        for i in range(0, ha.shape[0], bn):
-            hc, sl = ha[i:i + bn], slice(i, i + bn)
-            for v0 in range(0, w.shape[0], bv):
-                wv = w[v0:v0 + bv].to(dt)
-                dz = logits_grad_tile(hc, wv, v0, ta[sl], la[sl], ga[sl])
-                dha[sl].addmm_(dz, wv)
-                if dw is not None: dw[v0:v0 + bv].addmm_(dz.T, hc)
+        with _tf32_for(h):
+            for i in range(0, ha.shape[0], bn):
+                hc, sl = ha[i:i + bn], slice(i, i + bn)
+                for v0 in range(0, w.shape[0], bv):
+                    wv = w[v0:v0 + bv].to(dt)
+                    dz = logits_grad_tile(hc, wv, v0, ta[sl], la[sl], ga[sl])
+                    dha[sl].addmm_(dz, wv)
+                    if dw is not None: dw[v0:v0 + bv].addmm_(dz.T, hc)
         dh = torch.zeros(h.shape, dtype=h.dtype, device=h.device).index_copy_(0, act, dha.to(h.dtype))
         return dh, (dw.to(w.dtype) if dw is not None else None), *([None] * 9)
 
@@ -192,7 +214,7 @@ def _token_kernel(Part, n_split, Hp, Wp, T, Old, Adv, Ref, Lse, Logp, Ratio, Los
 # %% ../nbs/10_kernels.ipynb #94d568f9
 def _grad_tile_kernel(Hp, Wp, T, Lse, G, dH, dW, M, V, D,
                       BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr, GROUP_M: tl.constexpr,
-                      F32_DOT: tl.constexpr, PREC: tl.constexpr):
+                      F32_DOT: tl.constexpr, LOW_DZ: tl.constexpr, PREC: tl.constexpr):
     "Triton: recompute one logits tile, form dL/dlogits, and atomically add its share of dH and dW"
     pid = tl.program_id(0)
     n_m, n_v = tl.cdiv(M, BLOCK_M), tl.cdiv(V, BLOCK_V)
@@ -220,8 +242,11 @@ def _grad_tile_kernel(Hp, Wp, T, Lse, G, dH, dW, M, V, D,
     onehot = tl.where(cols[None, :] == t[:, None], 1.0, 0.0)
     dz = g[:, None] * (onehot - tl.exp(z - lse[:, None]))
     dz = tl.where(rmask[:, None] & cmask[None, :], dz, 0.0)
-    if not F32_DOT:
+    if LOW_DZ:
+        # the tensor cores take `dz` in the inputs' dtype; the interpreter then multiplies it in float32, exactly
         dz = dz.to(Hp.dtype.element_ty)
+        if F32_DOT:
+            dz = dz.to(tl.float32)
     for d0 in range(0, D, BLOCK_D):
         ds = d0 + tl.arange(0, BLOCK_D)
         hm, wm = rmask[:, None] & (ds < D)[None, :], cmask[:, None] & (ds < D)[None, :]
@@ -307,7 +332,8 @@ def triton_backward(h, w, targets, lse, g, block_n=None, block_v=None, group_m: 
         grid = (-(-M // bm) * -(-V // bv),)
         k["grad"][grid](h, w, targets.contiguous(), lse.float().contiguous(), g.float().contiguous(), dh, dw, M, V, D,
                         BLOCK_M=bm, BLOCK_V=bv, BLOCK_D=bd, GROUP_M=group_m, F32_DOT=not gpu,
-                        PREC="ieee" if h.dtype == torch.float32 else "tf32", **(dict(num_warps=8) if gpu else {}))
+                        LOW_DZ=h.dtype != torch.float32, PREC="ieee" if h.dtype == torch.float32 else "tf32",
+                        **(dict(num_warps=8) if gpu else {}))
     return dh, dw
 
 # %% ../nbs/10_kernels.ipynb #f4252ffe

@@ -18,8 +18,8 @@ from .sampler import records_logprobs
 
 # %% auto #0
 __all__ = ['forward_logprobs', 'MicroBatch', 'micro_batch_tensors', 'trainable', 'head_problem', 'check_fused_head',
-           'head_inputs', 'kernel_logprobs', 'kernel_loss', 'tis_weights', 'active_tis_cap', 'sampler_kl',
-           'micro_batch_loss', 'policy_logprobs', 'zero_loss', 'update_epoch', 'update']
+           'compute_dtype', 'head_inputs', 'kernel_logprobs', 'kernel_loss', 'tis_weights', 'active_tis_cap',
+           'sampler_kl', 'micro_batch_loss', 'policy_logprobs', 'zero_loss', 'update_epoch', 'update']
 
 # %% ../nbs/10b_update.ipynb #ec15c6ed
 def forward_logprobs(model, batch: dict, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -86,15 +86,22 @@ def check_fused_head(model, loss_kernel: str):
                               f"but {why}; use train.loss_kernel=naive")
 
 # %% ../nbs/10b_update.ipynb #35381cbc
+def compute_dtype(x: torch.Tensor) -> torch.dtype:
+    "The dtype autocast runs matmuls in on `x`'s device; `x`'s own dtype where autocast is off"
+    dev = x.device.type
+    return torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
+
 def head_inputs(model, batch: dict, mask: torch.Tensor, temperature: float = 1.0) -> tuple:
-    "The fused loss's inputs for a packed batch: hidden states / T [N, H], the head's W [V, H], targets, mask [N]"
+    "The fused loss's inputs, in the compute dtype: hidden states / T [N, H], the head's W [V, H], targets, mask [N]"
     why = head_problem(bare(model))
     if why: raise ValueError(f"the fused loss needs a plain LM head, but {why}")
     P = batch["prompt_len"]
     out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                 position_ids=batch["position_ids"], use_cache=False, output_hidden_states=True, logits_to_keep=1)
     hidden = out.hidden_states[-1][:, P - 1:-1] / temperature  # the final norm's output / T = logits / T (linear head)
-    return (hidden.reshape(-1, hidden.shape[-1]), bare(model).get_output_embeddings().weight,
+    # cast as autocast casts a matmul's operands: the gradient reaches the float32 weights through the casts
+    dt = compute_dtype(hidden)
+    return (hidden.reshape(-1, hidden.shape[-1]).to(dt), bare(model).get_output_embeddings().weight.to(dt),
             batch["input_ids"][:, P:].reshape(-1), mask.reshape(-1))
 
 @torch.no_grad()

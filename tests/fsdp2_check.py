@@ -3,7 +3,8 @@
 accelerate runs FSDP only on accelerators, so on this CPU the sharding comes from PyTorch's own `fully_shard` (the
 function accelerate's FSDP2 path calls), behind a small stand-in for the few `Accelerator` methods `Dist` uses.
 Checked: `update` on the sharded policy, each process with its deal of the items, makes the update one process makes
-on all of them (naive and fused loss); `full_state_dict` gathers the weights for the engine's copy; a checkpoint
+on all of them (naive and fused loss); `full_state_dict` gathers the weights for the engine's copy, and an engine
+with weights of its own gets the gathered ones from `Session.refresh_engine`; a checkpoint
 written from the shards loads with `from_pretrained`, and its name-keyed optimizer state into a plain optimizer.
 
     torchrun --nproc_per_node 2 tests/fsdp2_check.py OUT_DIR
@@ -17,9 +18,10 @@ import torch.distributed as td
 from torch.distributed.fsdp import fully_shard
 
 from bppo_kit.config import get_config
-from bppo_kit.core import TrainItem
+from bppo_kit.core import Engine, EngineCaps, TrainItem
 from bppo_kit.distributed import Dist, checkpoint_states, deal_items, full_state_dict, load_optimizer_state
-from bppo_kit.policy import load_policy
+from bppo_kit.policy import load_policy, merged_state_dict
+from bppo_kit.trainer import Session
 from bppo_kit.runs import load_trainer_state, save_checkpoint
 from bppo_kit.update import update
 
@@ -84,6 +86,16 @@ def main(out: Path):
         res[kernel] = dict(max_diff=max((full[k] - ref[k]).abs().max().item() for k in ref),
                            lr=lr, moved=max((ref[k] - base.state_dict()[k]).abs().max().item() for k in ref),
                            trained_tokens=mets["trained_tokens"])
+    # an engine with weights of its own (vLLM) is synced by the loop from the gathered weights, never from a shard
+    class OwnWeights(Engine):
+        caps = EngineCaps(own_weights=True)
+        def sync_weights(self, m): self.got = {k: v.detach().clone() for k, v in merged_state_dict(m).items()}
+    eng = OwnWeights()
+    gen = copy.deepcopy(base).eval().requires_grad_(False)  # the trainer's copy to gather into (setup, under FSDP2)
+    Session(model, tok, opt, None, None, eng, None, gen=gen, dist=d).refresh_engine()
+    res["engine_sync_keys"] = sorted(eng.got) == sorted(full)
+    res["engine_sync_diff"] = max((eng.got[k] - full[k]).abs().max().item() for k in full)
+    res["engine_sync_plain"] = all(type(v) is torch.Tensor for v in eng.got.values())  # no DTensor shards
     msd, osd, fmt = checkpoint_states(d, model, opt)
     if d.main:
         save_checkpoint(out, model, tok, opt, 1, None, None, msd, osd, fmt)

@@ -140,3 +140,5 @@ def test_fsdp2_code_on_two_cpu_processes(tmp_path):
     for kernel in ("naive", "chunked"):  # the sharded update is the one-process update
         assert r[kernel]["max_diff"] < 1e-5 and r[kernel]["moved"] > r[kernel]["lr"] / 2, r
     assert r["checkpoint_diff"] == 0.0 and r["optimizer_format"] == "fqn" and r["optimizer_states"] > 0, r
+    # vLLM under FSDP2: the weights pushed to the engine are the gathered full state dict, as plain tensors
+    assert r["engine_sync_keys"] and r["engine_sync_diff"] == 0.0 and r["engine_sync_plain"], r

@@ -1,6 +1,6 @@
 """The engine interface from outside: a new engine is one class registered by name, and the loop, the sampler and the
 algorithms ask it for capabilities, never for its name."""
-import subprocess, sys, textwrap
+import subprocess, sys
 import pytest
 from bppo_kit.config import ConfigError, data_dir, get_config
 from bppo_kit.core import ENGINES, EngineCaps, engine_caps
@@ -71,11 +71,12 @@ def test_new_engine_trains_two_steps(plugin, tmp_path, algo):
 
 @needs_policy
 def test_capabilities_not_names(plugin):
-    "An engine without windows is refused for T-PPO, and without cancelling for BPPO's early stop, naming the capability"
+    "An engine without windows is refused for T-PPO, without cancelling for BPPO's early stop: one line, the capability"
     assert engine_caps(get_config("cpu-demo", overrides=["rollout.engine=plain"])) == EngineCaps()
     cfg = get_config("cpu-demo", overrides=["algo.name=tppo", "rollout.engine=plain"])
     with pytest.raises(ConfigError) as e: train(cfg, progress=False)
-    assert "\n" not in str(e.value) and "EngineCaps.windows" in str(e.value) and str(e.value).startswith("rollout.engine")
+    msg = str(e.value)
+    assert "\n" not in msg and "EngineCaps.windows" in msg and msg.startswith("rollout.engine")
     cfg = get_config("cpu-demo", overrides=["algo.name=bppo", "algo.schedule=early_stop", "rollout.engine=plain"])
     with pytest.raises(ConfigError, match=r"algo.schedule: .*EngineCaps.cancels"): train(cfg, progress=False)
     # the same engine with windows (the plugin's `counting`) is accepted by both checks

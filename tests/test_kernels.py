@@ -102,6 +102,61 @@ def test_triton_interpreter_matches_float64():
         assert e["impl"] == "triton" and _ok(e), e
     assert res[-1]["impl"] == "triton" and _ok(res[-1], 1e-2), res[-1]
 
+GPU_BRANCH = """
+import json, torch
+from bppo_kit.kernels import _blocks, naive_logp, reference_errors, triton_backward, triton_forward
+g = torch.Generator().manual_seed(0)
+M, D, V = 150, 64, 700  # ragged in tokens (150 = 2 * 64 + 22) and vocabulary (700 = 5 * 128 + 60)
+h32, w32 = torch.randn(M, D, generator=g), torch.randn(V, D, generator=g) / 4
+t, gr = torch.randint(V, (M,), generator=g), torch.randn(M, generator=g)
+rel = lambda a, b: ((a.double() - b).abs().max() / b.abs().max()).item()
+res = {}
+for name, dt in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
+    h, w = h32.to(dt), w32.to(dt)
+    h64, w64 = h.double().requires_grad_(), w.double().requires_grad_()
+    (gr.double() * naive_logp(h64, w64, t)).sum().backward()
+    out = triton_forward(h, w, t, torch.zeros(M), torch.ones(M), block_n=64, block_v=128)
+    dh, dw = triton_backward(h, w, t, out["lse"], gr, block_n=64, block_v=128)
+    res[name] = dict(blocks=list(_blocks(h, 64, 128)[:3]), dtypes=[str(dh.dtype), str(dw.dtype)],
+                     lse=rel(out["lse"], torch.logsumexp(h64 @ w64.T, 1).detach()), dh=rel(dh, h64.grad),
+                     dw=rel(dw, w64.grad))
+res["full"] = [reference_errors("auto", dtype=torch.bfloat16, N=M, H=D, V=V, block_n=64, block_v=128, **kw)
+               for kw in (dict(), dict(masked=0.0, beta=0.1, seed=1))]
+print(json.dumps(res))
+"""
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+def test_triton_gpu_branch_in_the_interpreter():
+    "bf16 inputs, the GPU's 64/128/64 blocks: dz is rounded to bf16 (errors above fp32's), summed by fp32 atomics"
+    res = run_interpreted(GPU_BRANCH, timeout=240)
+    b16, f32 = res["bf16"], res["fp32"]
+    assert b16["blocks"] == [64, 128, 64] and b16["dtypes"] == ["torch.float32"] * 2, b16
+    assert max(b16["lse"], f32["lse"], f32["dh"], f32["dw"]) < 1e-5, res
+    # the float32 atomics hold the sums unrounded: what is left is dz's bfloat16 rounding, far above float32's
+    assert 1e-5 < min(b16["dh"], b16["dw"]) and max(b16["dh"], b16["dw"]) < 1e-2, b16
+    for e in res["full"]:
+        assert e["impl"] == "triton" and e["loss"] < 1e-5 and max(e["hidden"], e["weight"]) < 1e-2, e
+        assert e["masked_grad"] == 0.0, e
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA"))])
+def test_chunked_tf32_scope(device, monkeypatch):
+    "The chunked path's matmuls see TF32 allowed on CUDA for bf16 inputs only, and the setting is restored after"
+    import bppo_kit.kernels as K
+    mm = torch.backends.cuda.matmul
+    before, seen, real = mm.fp32_precision, [], K.streaming_lse
+    def spy(*a, **kw):
+        seen.append(mm.fp32_precision)
+        return real(*a, **kw)
+    monkeypatch.setattr(K, "streaming_lse", spy)
+    for dt in (torch.bfloat16, torch.float32):
+        e = reference_errors("chunked", dtype=dt, device=device, N=60, V=200, block_n=16, block_v=64)
+        assert _ok(e, 1e-2 if dt == torch.bfloat16 else 1e-4), e
+        want = "tf32" if device == "cuda" and dt == torch.bfloat16 else before
+        assert seen and set(seen) == {want}, (dt, seen)
+        seen.clear()
+    assert mm.fp32_precision == before
+
 def test_benchmark_small(tmp_path):
     out = tmp_path / "bench.json"
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "loss_kernel.py"), "--small", "--no-cuda",

@@ -1,11 +1,11 @@
 "The real-model path's precision: bf16 trains like fp32, the first epoch's ratio is 1, odd heads are refused, TIS."
 import copy, json
 import pytest, torch
-from transformers import AutoModelForCausalLM, PhiConfig
+from transformers import AutoModelForCausalLM, PhiConfig, Qwen2ForCausalLM
 import bppo_kit.update as upd
 from bppo_kit.config import ConfigError, data_dir, get_config
-from bppo_kit.core import clipped_surrogate
-from bppo_kit.policy import char_tokenizer
+from bppo_kit.core import TrainItem, clipped_surrogate
+from bppo_kit.policy import DTYPES, char_tokenizer, tiny_config
 from bppo_kit.runs import open_run
 from bppo_kit.trainer import setup, train
 from bppo_kit.update import update
@@ -88,3 +88,46 @@ def test_bf16_run_logs_the_sampler_mismatch(tmp_path):
     assert len(rows["bfloat16"]) == 2
     for r in rows["bfloat16"]:
         assert 0 < r["sampler_kl"] < 0.1 and 0 <= r["tis_capped"] < 0.05, r
+
+def _small_qwen(tok):
+    "A random one-layer Qwen2 with an untied head: the head's gradient comes only through the fused loss's weight"
+    c = tiny_config(tok, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
+    c.tie_word_embeddings = False
+    torch.manual_seed(0)
+    return Qwen2ForCausalLM(c)
+
+def _head_grad(dtype, kernel, monkeypatch=None):
+    "Run one `update` (mu = 2, lr 0) on fixed items; the calls the fused loss got, and the head's gradient"
+    tok = char_tokenizer()
+    model = _small_qwen(tok)
+    items = [TrainItem(tok("Q: 1+2\nA:")["input_ids"], tok(s)["input_ids"] + [tok.eos_token_id], a, n_train=n)
+             for s, a, n in (("3 #### 3", 1.0, 5), ("4", -1.0, 2), ("12", 0.5, 3))]
+    cfg = get_config("cpu-demo", overrides=[f"model.dtype={dtype}", f"train.loss_kernel={kernel}", "train.mu=2",
+                                            "train.micro_batch=2"])
+    calls, real = [], upd.prefix_policy_loss
+    def spy(h, W, *a, **kw):
+        calls.append((h.dtype, W.dtype, h.requires_grad))
+        return real(h, W, *a, **kw)
+    if monkeypatch is not None: monkeypatch.setattr(upd, "prefix_policy_loss", spy)
+    mets = update(model, torch.optim.SGD(model.parameters(), lr=0.0), items, cfg, tok.pad_token_id)
+    assert mets["skipped"] == 0 and mets["trained_tokens"] == 2 * 10, mets
+    return calls, model.get_output_embeddings().weight
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_fused_loss_runs_in_the_compute_dtype(dtype, monkeypatch):
+    "The fused loss gets hidden states and the head weight in model.dtype; the float32 master head gets its gradient"
+    calls, head = _head_grad(dtype, "chunked", monkeypatch)
+    want = DTYPES[dtype]
+    # per micro-batch: the old log-probs (mu = 2, no gradient), then one loss per epoch
+    assert len(calls) == 2 * 3 and all(c[:2] == (want, want) for c in calls), calls
+    assert sum(c[2] for c in calls) == 4
+    assert head.dtype == torch.float32 and head.grad is not None and head.grad.dtype == torch.float32
+    assert head.grad.isfinite().all() and head.grad.abs().max() > 0
+
+def test_bf16_fused_head_gradient_matches_full_logits():
+    "bf16 autocast: the head gradient through the bf16 fused loss points where the full-logits path's does"
+    _, fused = _head_grad("bfloat16", "chunked")
+    _, full = _head_grad("bfloat16", "naive")
+    cos = torch.nn.functional.cosine_similarity(fused.grad.flatten(), full.grad.flatten(), 0)
+    ratio = fused.grad.norm() / full.grad.norm()
+    assert cos > 0.999 and 0.98 < ratio < 1.02, (cos, ratio)
