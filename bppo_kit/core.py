@@ -244,6 +244,9 @@ class Engine:
     def sleep(self):
         "Free the engine's device memory until the next `sync_weights` (the update needs it); no-op by default"
 
+    def close(self):
+        "Give back what the engine holds for good (a run closes its engine when `train` returns); no-op by default"
+
 # %% ../nbs/03c_core.ipynb #c81a6e6e
 ENGINES: dict[str, type] = {}  # name -> Engine subclass; filled by `register_engine`
 

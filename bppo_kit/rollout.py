@@ -553,6 +553,19 @@ class VLLMCompat:
         torch.cuda.empty_cache()  # a no-op where CUDA was never initialised
 
     @staticmethod
+    def shutdown(llm):
+        "Free a colocated engine: its engine core, vLLM's model-parallel groups, then PyTorch's cached memory"
+        import contextlib, gc
+        with contextlib.suppress(Exception): llm.llm_engine.engine_core.shutdown()
+        # the model-parallel groups only: under `accelerate launch` the default process group is the trainer's
+        with contextlib.suppress(Exception):
+            from vllm.distributed.parallel_state import destroy_model_parallel
+            destroy_model_parallel()
+        del llm
+        gc.collect()
+        VLLMCompat.empty_cache()
+
+    @staticmethod
     def distributed(dist) -> dict:
         "`vllm.LLM` options for one engine per process under `accelerate launch`: vLLM's external launcher, own device"
         if dist is None or dist.world == 1: return {}
@@ -659,6 +672,11 @@ class VLLMEngine(Engine):
         if not self.sleep_mode or self.asleep: return
         self.llm.sleep(level=2)
         self.asleep, self.stale = {"weights", "kv_cache"}, True
+
+    def close(self):
+        "Shut the engine down and give its device memory back (before another engine is built in this process)"
+        llm, self.llm = getattr(self, "llm", None), None
+        if llm is not None: VLLMCompat.shutdown(llm)
 
     def _wake(self, tags: tuple[str, ...]):
         "Bring back what sleeps among `tags` (waking a tag that is awake would map its memory twice)"

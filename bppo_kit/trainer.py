@@ -276,3 +276,4 @@ def train(cfg: Config, # the validated config
                     first_eval=evals[0] if evals else None, last_eval=evals[-1] if evals else None)
     finally:
         if reporter: reporter.close()
+        s.engine.close()  # a second run in this process builds its own engine (vLLM: its share of the GPU again)

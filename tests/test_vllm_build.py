@@ -82,7 +82,8 @@ def test_gpu_preset_builds_and_drives_vllm_like_trl(vllm, ckpt, tmp_path, preset
     assert kinds(vllm.EVENTS) == ["LLM",
                                   "generate", "sleep", "empty_cache", "wake_up", "reload_weights", "reset_prefix_cache",
                                   "empty_cache", "wake_up",
-                                  "generate", "sleep", "empty_cache", "wake_up", "reload_weights", "reset_prefix_cache"]
+                                  "generate", "sleep", "empty_cache", "wake_up", "reload_weights", "reset_prefix_cache",
+                                  "shutdown", "empty_cache"]  # `train` closes its engine when it returns
     check_discipline(vllm.EVENTS)
     pushed = vllm.WEIGHTS[-1]  # the trained policy, LoRA merged: plain names only
     assert "model.embed_tokens.weight" in pushed and not any("lora_" in k or "base_layer" in k for k in pushed)

@@ -29,7 +29,8 @@ class LLM:
     def __init__(self, model, **kw):
         env = {k: os.environ.get(k) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
         record("LLM", model=str(model), env=env, **kw)
-        self.llm_engine = NS(model_config=NS(max_model_len=kw.get("max_model_len") or 2048))
+        self.llm_engine = NS(model_config=NS(max_model_len=kw.get("max_model_len") or 2048),
+                             engine_core=NS(shutdown=lambda: record("shutdown")))
         self.worker = NS(model_runner=_Runner(), reload_weights=True)
 
     def sleep(self, level=1): record("sleep", level=level)
