@@ -283,18 +283,19 @@ class SlotModel:
         return x
 
     def _sdpa(self, q, k, v, **kw):
-        "Attention of query heads `q [n, H, T, d]` over key/value heads `k, v [n, H_kv, S, d]`, never copying k, v"
+        "Attention of query heads `q [n, H, T, d]` over key/value heads `k, v [n, H_kv, S, d]`; decoding copies no k, v"
         n, H, T, d = q.shape
         g = H // self.n_kv  # query heads per key/value head (grouped-query attention)
         fold = self.fold_groups if self.fold_groups is not None else q.device.type != "cpu"
         # CPU's kernel reads each group's key/value head in place, giving the bits that copies of it would give
         if g == 1 or not fold:
             return F.scaled_dot_product_attention(q, k, v, scale=self.scale, enable_gqa=g > 1, **kw)
-        # CUDA's kernels that take a mask know no groups: SDPA would copy k, v (the whole cache) to H heads. A decode
-        # step has one query per head and a mask per slot, so a group's g heads can be g query rows of their head
+        # on CUDA a masked call goes to the efficient kernel, which knows no groups (with enable_gqa SDPA falls back
+        # to its math path, which copies k, v). A decode step has one query per head and a mask per slot, so a
+        # group's g query heads can be g query rows of their shared head: a reshape of q
         if T == 1 and "attn_mask" in kw:
             o = F.scaled_dot_product_attention(q.reshape(n, self.n_kv, g, d), k, v, scale=self.scale, **kw)
-            return o.view(n, H, 1, d)
+            return o.reshape(n, H, 1, d)  # a copy of the output only where its layout asks for one
         # a prefill on CUDA: these copy the prompts' own keys and values, not the cache
         return F.scaled_dot_product_attention(q, k.repeat_interleave(g, 1), v.repeat_interleave(g, 1),
                                               scale=self.scale, **kw)

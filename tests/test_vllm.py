@@ -126,3 +126,32 @@ def test_sync_weights_in_memory(engine):
     engine.sync_weights()  # back to the engine's training model (the unperturbed policy)
     assert [c.completion_ids for c in engine.generate(PROMPTS, 1, sp)] == [c.completion_ids for c in before]
     assert engine.stats["syncs"] == 2 and engine.last_sync in ("reload_weights", "load_weights")
+
+
+@pytest.mark.vllm
+@needs_vllm
+def test_sync_reads_the_weights_passed_not_the_disk(policy, engine, tmp_path):
+    "An engine whose checkpoint folder is gone after it starts takes the pushed weights (current vLLM: reload_weights)"
+    import shutil
+    m, tok = policy
+    folder = tmp_path / "tiny"
+    shutil.copytree(resolve_policy_path("tiny"), folder)
+    eng = VLLMEngine(m, tok, str(folder), max_model_len=512, enforce_eager=True)
+    try:
+        for f in folder.glob("*.safetensors"): f.write_bytes(os.urandom(f.stat().st_size))  # nothing left to read
+        m2, _ = load_policy("tiny")
+        torch.manual_seed(1)
+        with torch.no_grad():
+            for name, p in m2.named_parameters():
+                if "layers.0." in name: p.add_(0.05 * torch.randn_like(p))
+        sp = SamplingParams(temperature=0, max_new_tokens=100)
+        want = [c.completion_ids for c in HFEngine(m2, tok).generate(PROMPTS, 1, sp)]
+        assert want != [c.completion_ids for c in HFEngine(m, tok).generate(PROMPTS, 1, sp)]
+        eng.sync_weights(m2)
+        assert [c.completion_ids for c in eng.generate(PROMPTS, 1, sp)] == want
+        assert eng.last_sync == "reload_weights"  # the CPU build repacks its linear layers: TRL's load_weights fails
+        eng.sync_weights(m)
+        assert [c.completion_ids for c in eng.generate(PROMPTS, 1, sp)] == \
+            [c.completion_ids for c in HFEngine(m, tok).generate(PROMPTS, 1, sp)]
+    finally: eng.close()
+    assert eng.llm is None
