@@ -1,33 +1,56 @@
-"""The GPU path in one run: the fused loss, the engines and a training step at Qwen2.5's real shapes; one JSON.
+"""What one 10-minute GPU lease can tell about the kit's GPU path: one command, at most 8 minutes, one JSON.
 
-    PYTHONPATH=. python3 benchmarks/gpu_check.py --out gpu_check.json      # one GPU (H200: within 8 minutes)
+    PYTHONPATH=. python3 benchmarks/gpu_check.py --out $OUT/gpu_check.json        # one CUDA GPU (H200: < 8 minutes)
     OMP_NUM_THREADS=2 PYTHONPATH=. python3 benchmarks/gpu_check.py --smoke --out runs/gpu_check_smoke.json  # CPU
 
-Needs torch, transformers (and its tokenizers), triton on the GPU; no hub, no network, no vLLM: the models are
-random-weight Qwen2.5 shapes with a byte-level BPE tokenizer trained on the kit's own text (`bppo_kit.shapes`).
+On one CUDA GPU the full run shows, in at most 8 minutes and on random-weight Qwen2.5 shapes (no hub, no network):
+whether the machine has what the kit's GPU path imports, and that none of it plots; whether the Triton loss kernels
+match a float64 reference at Qwen2.5-1.5B's LM head (loss, dH, dW, in bfloat16 and float32) and how far two runs of
+them differ; the time and peak memory of the fused loss as the trainer calls it in bfloat16 (an fp32 master head cast
+to bfloat16 under autocast), against full logits; the peak memory of one real update at 1,024 and 2,048 response
+tokens next to the memory planner's prediction; one training step per loss kernel at the 0.5B shape (peak memory,
+gradient norm, the sampler's KL to the trainer); and the kit engine's decode rate at about 2k context, with its greedy
+tokens compared with transformers' `generate`. It does not show learning (the weights are random and the rewards are
+coin flips), memory or speed on real checkpoints and data, vLLM, LoRA, several GPUs, 7B models, or steady-state
+training speed: each time is one short measurement, and a training step's time includes its warm-up.
 
-Sections, in this order; each one is guarded (an error or a time-out is recorded under its name, with what it had
-measured so far, and the next section runs), and the JSON is rewritten after each:
+Sections, in this order; each is guarded (an error or a time-out is recorded under its name with what it had measured,
+and the next section runs) and has its share of the time budget; the JSON is rewritten after each. Every section
+records `checks` (name -> bool); the run exits 1 if a section failed or a check is false, 3 if the preflight stops it.
 
-1. `kernel`: `bppo_kit.kernels.prefix_policy_loss` forward + backward at Qwen2.5-1.5B's LM head (N = 16,384 tokens,
-   H = 1,536, V = 151,936, bfloat16, half of every 1,024-token sequence trained), naive logits vs the chunked PyTorch
-   path vs the Triton kernels: median time of 3 (CUDA events) and peak memory above the inputs, after a warm-up (inputs
-   and measurement from `benchmarks/loss_kernel.py`).
-2. `engine`: tokens/s of the kit's `KitEngine` vs transformers' `generate` (`HFEngine`) vs its continuous batching
-   (`HFBatchEngine`, when this transformers has it) on a random Qwen2.5-1.5B-shaped model in bfloat16: 16 prompts x 8
-   = 128 sequences, temperature 1, up to 512 new tokens (random weights rarely stop), after a small warm-up call.
-3. `train`: one training run per algorithm through the kit's loop (`bppo_kit.trainer.setup` and `train_step`: rollout
-   with the kit's engine, grading, advantages, the update) on a random Qwen2.5-0.5B-shaped checkpoint:
-   model.dtype=bfloat16, train.loss_kernel=chunked, model.gradient_checkpointing=True, 16 prompts x group 8, 512 new
-   tokens, micro-batches of 8, lr 1e-6, 3 steps each of GRPO and BPPO; step, rollout and update time (median of the
-   steps after the first) and peak memory per step. A random model never answers right, so rewards are coin flips
-   (`benchmarks/coin_rewards.py`: the algorithms `grpo_coin`, `bppo_coin`); otherwise nothing would train.
+1. `preflight`: python, torch, CUDA device and memory, triton and transformers versions; which optional packages
+   import (accelerate, peft, vllm, matplotlib, math_verify: one line each that is missing, with what needs it); the
+   kit modules this script needs import, and none of them imports matplotlib. Without CUDA or Triton (full mode), or
+   when a kit module does not import, it stops with one line.
+2. `triton`: `prefix_policy_loss(impl="triton")` against the full-logits loss in float64 (on float64 copies of the
+   same rounded inputs) at N = 4,096 tokens x the 1.5B head (H = 1,536, V = 151,936), half of every sequence trained,
+   in bfloat16 and float32: relative max errors of loss, dH, dW; then a second run: the backward adds into dH and dW
+   with float32 atomics, so two runs may differ in the last bits (bfloat16: by one rounding of the returned gradient).
+3. `kernel`: forward + backward at N = 16,384 as the trainer runs it in bfloat16 mode (update lesson, `head_inputs`):
+   under bfloat16 autocast, float32 hidden states and an fp32 master head cast to bfloat16 (the casts are timed; W's
+   fp32 gradient accumulates), for the full-logits path (autocast casts its matmul), `chunked` and `auto` (Triton on
+   CUDA); median of 3 by CUDA events, peak memory above the inputs, the loss's error against float64.
+4. `memory`: the peak memory of one `bppo_kit.update.update` call (1.5B shape, float32 masters, bfloat16 autocast,
+   fused loss, gradient checkpointing, AdamW; 4 sequences of 256 prompt + T response tokens per micro-batch, 2
+   micro-batches), beside what the trainer keeps through an update (a bfloat16 generation copy, the kit engine's KV
+   cache), at T = 1,024 and 2,048, after a first call that allocates the optimizer's state; against the update phase
+   of `bppo_kit.plan.plan` for the same config, less its CUDA-context row (the allocator does not see the context;
+   `"planner": "unavailable"` where there is no planner).
+5. `train`: one `train_step` per loss kernel (naive, chunked, auto) through `setup` at the 0.5B shape,
+   model.dtype=bfloat16, gradient checkpointing, 16 prompts x 8 completions of up to 512 tokens, micro-batches of 16,
+   coin-flip rewards (`benchmarks/coin_rewards.py`): peak memory, grad_norm, sampler_kl, step time. One seed gives the
+   three one rollout (checked by a digest of the generated tokens), so their gradient norms must agree within 5%.
+6. `engine`: `KitEngine` tokens/s at the 1.5B shape in bfloat16, 32 prompts of 1,536 tokens x 4 samples, 512 new
+   tokens (random weights rarely stop); then greedy decoding of 4 prompts, 64 new tokens, by `KitEngine` and
+   `HFEngine`. In float32 their tokens must be identical. In bfloat16 two correct implementations may part where two
+   tokens' logits tie within bfloat16's rounding, so each divergence is reported with its logit gap (the model's own
+   forward at that point) and passes when the gap is within 2% of the largest logit.
 
-`--smoke` runs the same code on the CPU at tiny shapes (the `tiny` Qwen2.5 shape keeps the real vocabulary) in well
-under 2 minutes, the Triton kernels under Triton's interpreter: `tests/test_gpu_check.py` runs it, so that this script
-cannot rot. Its figures only show that the code runs. A total time budget (`--budget-s`) bounds the whole run.
+`--smoke` runs the same code on the CPU at tiny shapes (an 8,192-row vocabulary; the Triton kernels under Triton's
+interpreter; `memory` with the chunked loss) in one to two minutes: `tests/test_gpu_check.py` runs it, so that this
+script cannot rot. Its figures only show that the code runs.
 """
-import argparse, gc, json, math, os, platform, signal, statistics, sys, tempfile, time, traceback
+import argparse, gc, hashlib, json, math, os, platform, signal, statistics, subprocess, sys, tempfile, time, traceback
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -36,185 +59,545 @@ sys.path.insert(0, str(HERE))
 # (transformers' model code does)
 if "--smoke" in sys.argv[1:]: os.environ.setdefault("TRITON_INTERPRET", "1")
 import torch  # noqa: E402
-import coin_rewards  # noqa: E402,F401 -- registers grpo_coin and bppo_coin
-import loss_kernel as lk  # noqa: E402
-from bppo_kit.config import get_config  # noqa: E402
-from bppo_kit.data import load_synthetic_eval  # noqa: E402
-from bppo_kit.kernels import triton_available  # noqa: E402
-from bppo_kit.rollout import HFBatchEngine, HFEngine, KitEngine, SamplingParams, hf_batch_available  # noqa: E402
-from bppo_kit.runs import open_run  # noqa: E402
-from bppo_kit.shapes import bpe_tokenizer, param_count, qwen2_5_config, real_shaped, save_real_shaped  # noqa: E402
-from bppo_kit.trainer import setup, train_step  # noqa: E402
 
-FULL = dict(kernel=dict(N=16384, H=1536, V=151936, seq=1024, repeats=3),
-            engine=dict(size="1.5b", prompts=16, n=8, max_new=512, engines=("kit", "hf", "hf_cb")),
-            train=dict(size="0.5b", prompts=16, group=8, max_new=512, steps=3, micro_batch=8),
-            shares=dict(kernel=0.26, engine=0.37, train=1.0), budget_s=460)  # kernel <= 120 s, engine <= 170 s
-SMOKE = dict(kernel=dict(N=128, H=32, V=1024, seq=64, repeats=1),
-             engine=dict(size="tiny", prompts=2, n=2, max_new=8, engines=("kit", "hf")),  # hf_cb: 30 s to start here
-             train=dict(size="tiny", prompts=2, group=4, max_new=8, steps=2, micro_batch=8),
-             shares=dict(kernel=0.3, engine=0.3, train=1.0), budget_s=110)
+SECTIONS = ("preflight", "triton", "kernel", "memory", "train", "engine")
+FULL = dict(budget_s=460,  # caps in seconds at this budget; --budget-s scales them
+            caps=dict(preflight=45, triton=60, kernel=60, memory=55, train=140, engine=100),
+            triton=dict(N=4096, H=1536, V=151936, seq=1024),
+            kernel=dict(N=16384, H=1536, V=151936, seq=1024, repeats=3),
+            memory=dict(size="1.5b", vocab=None, tokens=(1024, 2048), prompt=256, micro_batch=4, batches=2,
+                        kernel="auto"),
+            train=dict(size="0.5b", vocab=None, prompts=16, group=8, max_new=512, micro_batch=16),
+            engine=dict(size="1.5b", vocab=None, prompt_tokens=1536, prompts=32, n=4, max_new=512, greedy_prompts=4,
+                        greedy_new=64, greedy_dtypes=("bfloat16", "float32")))
+SMOKE = dict(budget_s=270,
+             caps=dict(preflight=40, triton=40, kernel=30, memory=30, train=90, engine=40),
+             triton=dict(N=96, H=32, V=1000, seq=32),
+             kernel=dict(N=128, H=32, V=1024, seq=64, repeats=1),
+             # chunked: Triton's interpreter would take a minute at these token counts (train runs it)
+             memory=dict(size="tiny", vocab=8192, tokens=(64, 128), prompt=16, micro_batch=2, batches=2,
+                         kernel="chunked"),
+             train=dict(size="tiny", vocab=8192, prompts=2, group=4, max_new=8, micro_batch=8),
+             engine=dict(size="tiny", vocab=8192, prompt_tokens=48, prompts=2, n=2, max_new=16, greedy_prompts=3,
+                         greedy_new=16, greedy_dtypes=("float32",)))
+# relative max errors against float64 (the kernels lesson's bounds) and between two runs of the same kernels
+TOLERANCE = {"float32": dict(loss=1e-4, grad=1e-4, repeat=1e-5),
+             "bfloat16": dict(loss=1e-4, grad=1e-2, repeat=2 ** -7)}  # repeat: one bfloat16 rounding step
+NEAR_TIE = 0.02  # bfloat16 greedy: a divergence within this share of the largest logit is a tie, not a bug
+OPTIONAL = {  # package -> what needs it; a missing one is one line, never a stop
+    "accelerate": "several processes (accelerate launch); one process, as here, runs without it",
+    "peft": "LoRA adapters (model.lora_r > 0)",
+    "vllm": "rollout.engine=vllm; this check decodes with the kit's engine",
+    "matplotlib": "figures (bppo plot, compare); nothing here plots",
+    "math_verify": "symbolic answer equivalence (such answers grade as wrong without it; coin flips need none)"}
+PROBE = """import importlib, json, sys
+out = {}
+for name in sys.argv[1:]:
+    try: out[name] = str(getattr(importlib.import_module(name), "__version__", "installed"))
+    except BaseException as e: out[name] = f"missing ({type(e).__name__}: {e})"[:200]
+print(json.dumps(out))"""
+KIT_MODULES = ("bppo_kit.config", "bppo_kit.data", "bppo_kit.kernels", "bppo_kit.policy", "bppo_kit.shapes",
+               "bppo_kit.rollout", "bppo_kit.update", "bppo_kit.runs", "bppo_kit.trainer", "coin_rewards",
+               "loss_kernel")
 
 class SectionTimeout(Exception):
     "A section ran past its share of the time budget"
 
+class Stop(Exception):
+    "The preflight found the machine cannot run the check: one line"
+
 def _alarm(signum, frame): raise SectionTimeout("ran past its share of the time budget")
 
-def finite(x) -> bool: return isinstance(x, (int, float)) and math.isfinite(x)
+def finite(x) -> bool: return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
-def error_text(e: BaseException) -> str:
-    return f"{type(e).__name__}: {e}"[:600]
+def error_text(e: BaseException) -> str: return f"{type(e).__name__}: {e}"[:600]
 
-def kernel_section(P: dict, dev: str, res: dict):
-    "Naive vs chunked vs Triton `prefix_policy_loss`, forward + backward, bfloat16"
-    k = P["kernel"]
-    res["shape"] = dict(N=k["N"], H=k["H"], V=k["V"], seq=k["seq"], masked_frac=0.5, dtype="bfloat16")
-    x = lk.make_inputs(k["N"], k["H"], k["V"], torch.bfloat16, dev, seq=k["seq"])
-    res["runs"] = runs = {}
-    def clear(): x["hidden"].grad = x["weight"].grad = None
-    for impl in ("naive", "chunked", "triton"):
-        if impl == "triton" and not triton_available():
-            runs[impl] = dict(skipped="triton is not installed"); continue
-        try: runs[impl] = lk.measure(lambda impl=impl: lk.step(x, impl), k["repeats"], dev, reset=clear)
-        except SectionTimeout: raise
-        except Exception as e: runs[impl] = dict(error=error_text(e))
-        clear(); gc.collect()
-        if dev == "cuda": torch.cuda.empty_cache()
-    ok = {n: r for n, r in runs.items() if "time_s" in r}
-    if "naive" in ok:
-        for n in ok.keys() - {"naive"}:
-            res[f"{n}_speedup"] = ok["naive"]["time_s"] / ok[n]["time_s"]
-            res[f"{n}_memory_ratio"] = ok["naive"]["peak_bytes"] / max(ok[n]["peak_bytes"], 1)
-            res[f"{n}_loss_abs_diff"] = abs(ok[n]["loss"] - ok["naive"]["loss"])
-    res["logits_bytes_bf16"] = k["N"] * k["V"] * 2
+def is_timeout(e: BaseException) -> bool:
+    "The alarm's time-out, also where Triton's interpreter wrapped it in its own error"
+    return isinstance(e, SectionTimeout) or "SectionTimeout" in str(e)
 
-def time_engine(eng, prompts: list[str], n: int, max_new: int, dev: str) -> dict:
-    "One warm-up call, then `n` completions of each prompt, timed, with the peak memory of the call"
-    eng.generate(prompts[:2], 2, SamplingParams(temperature=1.0, max_new_tokens=8, seed=1, logprobs=False))
-    peak = lk.Peak(dev); peak.reset()
-    t0 = time.perf_counter()
-    cs = eng.generate(prompts, n, SamplingParams(temperature=1.0, max_new_tokens=max_new, seed=0, logprobs=False))
-    dt = time.perf_counter() - t0
-    toks = sum(c.n_tokens for c in cs)
-    return dict(sequences=len(cs), tokens=toks, seconds=dt, tokens_per_s=toks / dt, peak_bytes=peak.read()[0],
-                stopped_early=sum(c.finish_reason == "eos" for c in cs), mean_tokens=toks / max(len(cs), 1))
-
-def engine_section(P: dict, dev: str, tok, res: dict):
-    "KitEngine vs HFEngine vs HFBatchEngine tokens/s on a random model of the engine shape"
-    e = P["engine"]
-    model, tok = real_shaped(e["size"], tok, "bfloat16", seed=0, device=dev)
-    res["model"] = dict(size=e["size"], parameters=param_count(model.config), dtype="bfloat16")
-    res["workload"] = dict(prompts=e["prompts"], n=e["n"], max_new_tokens=e["max_new"], temperature=1.0)
-    prompts = [x.prompt for x in load_synthetic_eval()[:e["prompts"]]]
-    makers = {k: v for k, v in dict(kit=KitEngine, hf=HFEngine, hf_cb=HFBatchEngine).items() if k in e["engines"]}
-    if "hf_cb" in makers and not hf_batch_available(model):
-        del makers["hf_cb"]; res["hf_cb"] = dict(skipped="this transformers has no generate_batch")
-    for name, make in makers.items():
-        try: res[name] = time_engine(make(model, tok), prompts, e["n"], e["max_new"], dev)
-        except SectionTimeout: raise
-        except Exception as ex: res[name] = dict(error=error_text(ex))
-        gc.collect()
-        if dev == "cuda": torch.cuda.empty_cache()
-    if finite(res.get("kit", {}).get("tokens_per_s")) and finite(res.get("hf", {}).get("tokens_per_s")):
-        res["kit_over_hf"] = res["kit"]["tokens_per_s"] / res["hf"]["tokens_per_s"]
-
-def train_config(algo: str, folder: Path, out: Path, t: dict, dev: str):
-    "The run's config: the kit's defaults, then the real-shape settings this check is about"
-    return get_config("cpu-demo", overrides=[
-        f"algo.name={algo}", f"model.name_or_path={folder}", "model.dtype=bfloat16",
-        "model.gradient_checkpointing=True", "train.loss_kernel=chunked", "rollout.engine=kit",
-        f"rollout.group_size={t['group']}", f"train.prompts_per_step={t['prompts']}",
-        f"rollout.max_new_tokens={t['max_new']}", f"train.micro_batch={t['micro_batch']}", "train.lr=1e-6",
-        f"train.steps={t['steps']}", f"train.device={dev}", f"train.out={out}"])
-
-def train_runs(algo: str, folder: Path, tmp: Path, t: dict, dev: str) -> dict:
-    "`t['steps']` steps of `algo` through `setup` and `train_step`, with each step's metrics and peak memory"
-    cfg = train_config(algo, folder, tmp / f"run-{algo}", t, dev)
-    peak = lk.Peak(dev); peak.reset()
-    s = setup(cfg, open_run(cfg, overwrite=True))
-    out = dict(setup_peak_bytes=peak.read()[1], steps=[])
-    for step in range(t["steps"]):
-        peak.reset()
-        row = train_step(cfg, s, step)
-        extra, total = peak.read()
-        out["steps"].append({k: row.get(k) for k in ("wall_s", "rollout_s", "reward_s", "update_s", "loss", "grad_norm",
-                                                      "trained_tokens", "generated_tokens", "skipped")}
-                            | dict(peak_bytes=total, step_extra_bytes=extra))
-    del s; gc.collect()
+def free(dev: str):
+    "Return what the last measurement held to the allocator, so the next one starts clean"
+    gc.collect()
     if dev == "cuda": torch.cuda.empty_cache()
-    later = out["steps"][1:] or out["steps"]  # the first step pays for warm-up (allocator, kernels)
-    for k in ("wall_s", "rollout_s", "update_s"): out[f"median_{k}"] = statistics.median(r[k] for r in later)
-    out["peak_bytes"] = max(r["peak_bytes"] for r in out["steps"])
-    out["trained_tokens"] = statistics.median(r["trained_tokens"] for r in later)
+
+_TOK = {}
+def tokenizer():
+    "The byte-level BPE tokenizer of `bppo_kit.shapes`, trained once per run (a few seconds)"
+    if not _TOK:
+        from bppo_kit.shapes import bpe_tokenizer
+        _TOK["tok"] = bpe_tokenizer()
+    return _TOK["tok"]
+
+def random_model(size: str, dtype: str, dev: str, vocab: int | None = None):
+    "A random-weight Qwen2.5-shaped model from `bppo_kit.shapes`; `vocab`: that many head rows (smoke: a small head)"
+    from bppo_kit.shapes import real_shaped
+    model, _ = real_shaped(size, tokenizer(), dtype, seed=0, device=dev)
+    if vocab: model.resize_token_embeddings(vocab)  # the Triton interpreter's time grows with the vocabulary
+    return model
+
+# ---------------------------------------------------------------------------------------------------- 1. preflight
+def versions(dev: str) -> dict:
+    "Python, torch, CUDA device, triton and transformers versions"
+    try:
+        import transformers
+    except Exception as e: raise Stop(f"transformers does not import: {error_text(e)}") from e
+    v = dict(python=platform.python_version(), torch=torch.__version__, cuda=torch.version.cuda,
+             cuda_available=torch.cuda.is_available(), transformers=transformers.__version__,
+             threads=torch.get_num_threads(), triton_interpret=os.environ.get("TRITON_INTERPRET"),
+             tf32_api=hasattr(torch.backends.cuda.matmul, "fp32_precision"))  # kernels.tf32_matmuls uses it
+    if torch.cuda.is_available():
+        p = torch.cuda.get_device_properties(0)
+        v.update(device=p.name, capability=f"{p.major}.{p.minor}", gpu_memory_gb=round(p.total_memory / 2**30, 1),
+                 gpu_free_gb=round(torch.cuda.mem_get_info()[0] / 2**30, 1))
+    else: v["device"] = platform.processor() or "cpu"
+    try:
+        import triton
+        v["triton"] = triton.__version__
+    except ImportError as e: v["triton"] = f"missing ({e})"
+    return v
+
+def import_kit() -> dict:
+    "Import the modules this script uses; their time, and whether any of them brought matplotlib in"
+    import importlib
+    t0 = time.time()
+    for name in KIT_MODULES:
+        try: importlib.import_module(name)
+        except Exception as e: raise Stop(f"{name} does not import: {error_text(e)}") from e
+    # a None entry is an import that was blocked, not made
+    plots = any(m is not None for k, m in sys.modules.items() if k == "matplotlib" or k.startswith("matplotlib."))
+    return dict(kit_import_s=round(time.time() - t0, 2), kit_modules=list(KIT_MODULES), kit_imports_matplotlib=plots)
+
+def preflight(P: dict, dev: str, smoke: bool, res: dict):
+    "Versions, optional packages (probed by a child process meanwhile), the kit's imports; `Stop` if it cannot run"
+    probe = subprocess.Popen([sys.executable, "-c", PROBE, *OPTIONAL], stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, text=True)
+    try:
+        res.update(versions(dev))
+        if not smoke and not res["cuda_available"]: raise Stop("no CUDA device (torch.cuda.is_available() is False)")
+        if not smoke and res["triton"].startswith("missing"): raise Stop(f"triton is {res['triton']}")
+        res.update(import_kit())
+        try: found = json.loads(probe.communicate(timeout=max(5.0, 40.0 - res["kit_import_s"]))[0].splitlines()[-1])
+        except Exception as e: found = {name: f"not probed ({error_text(e)[:80]})" for name in OPTIONAL}
+    finally:
+        if probe.poll() is None: probe.kill()
+    res["optional"] = found
+    res["missing"] = {n: f"{n} is {v}: needed for {OPTIONAL[n]}" for n, v in found.items()
+                      if v.startswith(("missing", "not probed"))}
+    for line in res["missing"].values(): print(f"[preflight] {line}", flush=True)
+    if not res["tf32_api"]:
+        res["warning"] = "this torch has no torch.backends.cuda.matmul.fp32_precision, which kernels.tf32_matmuls reads"
+        print(f"[preflight] {res['warning']}", flush=True)
+    res["checks"] = dict(kit_imports_no_matplotlib=not res["kit_imports_matplotlib"])
+
+# ------------------------------------------------------------------------------------------------------- 2. triton
+def rel(got: torch.Tensor, want: torch.Tensor) -> float:
+    "Relative max error max|got - want| / max|want|"
+    want = want.detach().double()
+    return ((got.detach().double() - want).abs().max() / want.abs().max().clamp(min=1e-30)).item()
+
+def triton_case(t: dict, dtype: torch.dtype, dev: str) -> dict:
+    "Triton loss, dH, dW in `dtype` against float64 on the same rounded inputs, and a second run against the first"
+    import loss_kernel as lk
+    from bppo_kit.kernels import naive_prefix_loss, prefix_policy_loss
+    x = lk.make_inputs(t["N"], t["H"], t["V"], dtype, dev, seq=t["seq"])
+    args = [x[k] for k in ("targets", "old_logp", "advantages", "mask")]
+    h64, w64 = (x[k].detach().double().requires_grad_() for k in ("hidden", "weight"))
+    want = naive_prefix_loss(h64, w64, args[0], *(a.double() for a in args[1:3]), args[3])
+    want.backward()
+    runs = []
+    for _ in range(2):
+        x["hidden"].grad = x["weight"].grad = None
+        loss = prefix_policy_loss(x["hidden"], x["weight"], *args, impl="triton")
+        loss.backward()
+        runs.append(dict(loss=loss.detach(), dH=x["hidden"].grad, dW=x["weight"].grad))
+    a, b = runs
+    out = dict(errors=dict(loss=rel(a["loss"], want), dH=rel(a["dH"], h64.grad), dW=rel(a["dW"], w64.grad)),
+               masked_dH_max=a["dH"][~x["mask"]].abs().max().item(),
+               repeat=dict(identical=all(torch.equal(a[k], b[k]) for k in a),
+                           max_rel_diff={k: rel(b[k], a[k]) for k in a}))
+    tol = TOLERANCE[str(dtype)[6:]]
+    out["tolerance"] = tol
+    out["ok"] = (out["errors"]["loss"] < tol["loss"] and max(out["errors"]["dH"], out["errors"]["dW"]) < tol["grad"]
+                 and out["masked_dH_max"] == 0 and max(out["repeat"]["max_rel_diff"].values()) <= tol["repeat"])
     return out
 
-def train_section(P: dict, dev: str, tok, res: dict):
-    "GRPO vs BPPO steps (coin-flip rewards) on a random checkpoint of the train shape"
+def triton_section(P: dict, dev: str, res: dict):
+    "Correctness and repeatability of the Triton kernels at the 1.5B head, in bfloat16 and float32"
+    from bppo_kit.kernels import triton_available
+    if not triton_available(): raise RuntimeError("triton is not installed")
+    t = P["triton"]
+    res["shape"] = dict(N=t["N"], H=t["H"], V=t["V"], seq=t["seq"], trained_frac=0.5)
+    res["checks"] = {}
+    for dtype in (torch.bfloat16, torch.float32):
+        name = str(dtype)[6:]
+        res[name] = triton_case(t, dtype, dev)
+        res["checks"][f"{name}_within_tolerance"] = res[name]["ok"]
+        free(dev)
+
+# ------------------------------------------------------------------------------------------------------- 3. kernel
+def trainer_step(x: dict, impl: str, dev: str) -> float:
+    "One forward + backward as the trainer runs the loss in bfloat16 mode: under autocast, fp32 masters cast to bf16"
+    from bppo_kit.kernels import prefix_policy_loss
+    x["hidden"].grad = None  # the hidden states' gradient flows on into the model: a new tensor every micro-batch
+    with torch.autocast(dev, dtype=torch.bfloat16):
+        # naive: autocast casts the head matmul's operands; fused: `head_inputs` casts both, as autocast would
+        h, w = (x["hidden"], x["weight"]) if impl == "naive" else (x["hidden"].bfloat16(), x["weight"].bfloat16())
+        loss = prefix_policy_loss(h, w, x["targets"], x["old_logp"], x["advantages"], x["mask"], impl=impl)
+    loss.backward()  # outside autocast, as the trainer does; the head's fp32 gradient accumulates
+    return loss.item()
+
+@torch.no_grad()
+def float64_loss(x: dict) -> float:
+    "The loss in float64 on the bfloat16-rounded inputs, streamed over vocabulary tiles"
+    from bppo_kit.kernels import prefix_policy_loss
+    h, w = (x[k].detach().bfloat16().double() for k in ("hidden", "weight"))
+    return prefix_policy_loss(h, w, x["targets"], x["old_logp"].double(), x["advantages"].double(), x["mask"],
+                              impl="chunked").item()
+
+def kernel_section(P: dict, dev: str, res: dict):
+    "Full logits vs chunked vs auto (Triton), forward + backward in the trainer's bfloat16 mode: time, memory, error"
+    import loss_kernel as lk
+    from bppo_kit.kernels import pick_impl
+    k = P["kernel"]
+    x = lk.make_inputs(k["N"], k["H"], k["V"], torch.float32, dev, seq=k["seq"])
+    res["shape"] = dict(N=k["N"], H=k["H"], V=k["V"], seq=k["seq"], trained_frac=0.5, masters="float32",
+                        compute="bfloat16", logits_bytes_bf16=k["N"] * k["V"] * 2)
+    res["auto_is"] = pick_impl(torch.zeros(1, dtype=torch.bfloat16, device=dev), "auto")
+    want = float64_loss(x)
+    res["runs"] = runs = {}
+    for impl in ("naive", "chunked", "auto"):
+        x["weight"].grad = torch.zeros_like(x["weight"])  # allocated before: a later micro-batch's accumulation
+        try:
+            runs[impl] = lk.measure(lambda impl=impl: trainer_step(x, impl, dev), k["repeats"], dev,
+                                    reset=lambda: None)
+            runs[impl]["loss_rel_err"] = abs(runs[impl]["loss"] - want) / abs(want)
+        except Exception as e:
+            if is_timeout(e): raise
+            runs[impl] = dict(error=error_text(e))
+        x["hidden"].grad = x["weight"].grad = None
+        free(dev)
+    ok = {n: r for n, r in runs.items() if "time_s" in r}
+    for n in ok.keys() - {"naive"} if "naive" in ok else ():
+        res[f"{n}_speedup"] = ok["naive"]["time_s"] / ok[n]["time_s"]
+        res[f"{n}_memory_ratio"] = ok["naive"]["peak_bytes"] / max(ok[n]["peak_bytes"], 1)
+    res["checks"] = {f"{n}_ran": n in ok for n in runs}
+    # Triton sums in float32 from bf16 inputs; the chunked path runs inside autocast, whose matmuls are bf16
+    if "auto" in ok: res["checks"]["auto_loss_within_1e-4"] = ok["auto"]["loss_rel_err"] < 1e-4
+
+# ------------------------------------------------------------------------------------------------------- 4. memory
+def update_items(m: dict, T: int, vocab: int, seed: int) -> list:
+    "Train items of `prompt` + `T` tokens, every response token trained, advantages +-1, the engine's log-probs kept"
+    from bppo_kit.core import TrainItem
+    g = torch.Generator().manual_seed(seed)
+    n = m["micro_batch"] * m["batches"]
+    ids = torch.randint(vocab, (n, m["prompt"] + T), generator=g).tolist()
+    lp = -math.log(vocab)  # about what a random model gives any token
+    return [TrainItem(r[:m["prompt"]], r[m["prompt"]:], advantage=1.0 if i % 2 else -1.0, n_train=T,
+                      sample_logprobs=[lp] * T) for i, r in enumerate(ids)]
+
+def memory_config(T: int, m: dict, dev: str):
+    "The run config that describes the measured update (what the planner is asked about)"
+    from bppo_kit.config import get_config
+    return get_config("cpu-demo", overrides=[
+        f"model.name_or_path=random Qwen2.5-{m['size']}", "model.dtype=bfloat16", "model.gradient_checkpointing=True",
+        f"train.loss_kernel={m['kernel']}", f"train.micro_batch={m['micro_batch']}", f"rollout.max_new_tokens={T}",
+        f"rollout.max_prompt_tokens={m['prompt']}", f"train.prompts_per_step={m['batches']}",
+        f"rollout.group_size={m['micro_batch']}", f"train.device={dev}", "rollout.engine=kit"])
+
+def planned_update(cfg, hf_config, dev: str) -> dict:
+    "`bppo_kit.plan`'s update phase for `cfg` (bytes per GPU), less the CUDA context, which no allocator counts"
+    try:
+        from bppo_kit.plan import plan
+    except ImportError as e: return dict(planner="unavailable", reason=error_text(e))
+    gpu_gb = torch.cuda.get_device_properties(0).total_memory / 2**30 if dev == "cuda" else 80.0
+    try: p = plan(cfg, gpus=1, gpu_memory_gb=gpu_gb, shard="ddp", device=dev, hf_config=hf_config)
+    except Exception as e:
+        if is_timeout(e): raise
+        return dict(planner="error", reason=error_text(e))
+    context = sum(r.bytes for r in p.rows if r.name.startswith("CUDA context"))
+    return dict(planner="bppo_kit.plan", predicted_bytes=p.phases["update"] - context,
+                planned_phase_bytes=p.phases["update"], planned_context_bytes=context,
+                planned_peak_moment=max(p.moments, key=p.moments.get), plan_table=p.table())
+
+def measure_update(model, opt, items: list, cfg, pad_id: int, dev: str) -> dict:
+    "One `update` call: its peak memory (all of it, and above its start), seconds and metrics"
+    import loss_kernel as lk
+    from bppo_kit.update import update
+    peak = lk.Peak(dev)
+    peak.reset()
+    t0 = time.perf_counter()
+    mets = update(model, opt, items, cfg, pad_id)
+    seconds = time.perf_counter() - t0
+    extra, total = peak.read()
+    out = dict(peak_bytes=total, above_start_bytes=extra, seconds=round(seconds, 3), grad_norm=mets["grad_norm"],
+               trained_tokens=mets["trained_tokens"], skipped=mets["skipped"])
+    if dev == "cuda": out["reserved_peak_bytes"] = torch.cuda.max_memory_reserved()
+    return out
+
+def memory_run(model, opt, engine, T: int, m: dict, dev: str, seed: int) -> dict:
+    "Two update calls at `T` response tokens (the first allocates AdamW's state) and the planner's prediction"
+    tok, cfg = tokenizer(), memory_config(T, m, dev)
+    items = update_items(m, T, model.config.vocab_size, seed)
+    # the KV cache a rollout of these sequences leaves in the kit engine, which keeps it through the update
+    engine.lm.reserve(min(cfg.rollout.max_slots, len(items)), m["prompt"] + T)
+    first = measure_update(model, opt, items, cfg, tok.pad_token_id, dev)
+    run = dict(response_tokens=T, prompt_tokens=m["prompt"], micro_batch=m["micro_batch"], micro_batches=m["batches"],
+               tokens_per_micro_batch=m["micro_batch"] * (m["prompt"] + T), first_call=first,
+               **measure_update(model, opt, items, cfg, tok.pad_token_id, dev))
+    run.update(planned_update(cfg, model.config, dev))
+    if finite(run.get("predicted_bytes")) and run["predicted_bytes"] > 0:
+        run["measured_over_predicted"] = run["peak_bytes"] / run["predicted_bytes"]
+    return run
+
+def memory_section(P: dict, dev: str, res: dict):
+    "Peak memory of real update calls, with what the trainer keeps beside them, against the planner's prediction"
+    from bppo_kit.policy import generation_copy
+    from bppo_kit.rollout import KitEngine
+    m = P["memory"]
+    # what earlier sections left allocated would count in every peak below: nothing, when they freed all they made
+    res["allocated_at_start_bytes"] = torch.cuda.memory_allocated() if dev == "cuda" else None
+    model = random_model(m["size"], "float32", dev, m["vocab"])  # float32 masters, as `setup` loads them
+    (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-6, betas=(0.9, 0.99), weight_decay=0.0)  # as `setup` builds it
+    # as in `setup`: the engine decodes a copy in the compute dtype, held all run long
+    engine = KitEngine(generation_copy(model, "bfloat16"), tokenizer())
+    res["model"] = dict(size=m["size"], parameters=sum(p.numel() for p in model.parameters()), masters="float32",
+                        compute="bfloat16", loss_kernel=m["kernel"], gradient_checkpointing=True,
+                        held_beside="a bfloat16 generation copy and the kit engine's KV cache")
+    res["runs"], res["checks"] = {}, {}
+    for i, T in enumerate(m["tokens"]):
+        res["runs"][str(T)] = run = memory_run(model, opt, engine, T, m, dev, seed=i)
+        res["checks"][f"{T}_trained"] = run["skipped"] == 0 and finite(run["grad_norm"]) and run["peak_bytes"] > 0
+        # on a GPU, under-predicting by over 10% is an out-of-memory error waiting to happen; a CPU's resident set
+        # (smoke) holds the interpreter and its libraries, which no planner counts
+        if dev == "cuda" and "measured_over_predicted" in run:
+            res["checks"][f"{T}_planner_ratio_in_0.5_1.1"] = 0.5 <= run["measured_over_predicted"] <= 1.1
+        free(dev)
+    res["planner"] = next(iter(res["runs"].values())).get("planner")
+
+# -------------------------------------------------------------------------------------------------------- 5. train
+STEP_KEYS = ("wall_s", "rollout_s", "reward_s", "update_s", "loss", "grad_norm", "sampler_kl", "tis_capped",
+             "clip_frac", "trained_tokens", "generated_tokens", "skipped")
+
+def train_config(kernel: str, folder: Path, out: Path, t: dict, dev: str):
+    "The run's config: the kit's defaults, then the real-shape settings this check is about"
+    from bppo_kit.config import get_config
+    return get_config("cpu-demo", overrides=[
+        "algo.name=grpo_coin", f"model.name_or_path={folder}", "model.dtype=bfloat16",
+        "model.gradient_checkpointing=True", f"train.loss_kernel={kernel}", "rollout.engine=kit",
+        f"rollout.group_size={t['group']}", f"train.prompts_per_step={t['prompts']}",
+        f"rollout.max_new_tokens={t['max_new']}", f"train.micro_batch={t['micro_batch']}", "train.lr=1e-6",
+        "train.steps=1", f"train.device={dev}", f"train.out={out}"])
+
+def one_step(kernel: str, folder: Path, tmp: Path, t: dict, dev: str) -> dict:
+    "`setup` and one `train_step` with `train.loss_kernel=kernel`: the step's metrics and peak memory"
+    import loss_kernel as lk
+    from bppo_kit.runs import open_run
+    from bppo_kit.trainer import setup, train_step
+    cfg = train_config(kernel, folder, tmp / f"run-{kernel}", t, dev)
+    peak = lk.Peak(dev)
+    peak.reset()
+    s = setup(cfg, open_run(cfg, overwrite=True))
+    setup_peak = peak.read()[1]
+    # a digest of what the engine generated, so that the kernels' steps are known to have trained the same rollout
+    digest, generate = hashlib.sha1(), s.engine.generate
+    def recorded(*args, **kw):
+        cs = generate(*args, **kw)
+        for c in cs: digest.update(str(c.completion_ids).encode())
+        return cs
+    s.engine.generate = recorded
+    peak.reset()
+    row = train_step(cfg, s, 0)
+    extra, total = peak.read()
+    del s
+    free(dev)
+    return {k: row.get(k) for k in STEP_KEYS} | dict(peak_bytes=total, step_extra_bytes=extra,
+                                                     setup_peak_bytes=setup_peak, rollout_digest=digest.hexdigest())
+
+def train_checks(runs: dict) -> dict:
+    "Each kernel trained with finite numbers; the same rollout for all of them, so gradient norms that agree"
+    checks = {f"{k}_trained": finite(r.get("loss")) and finite(r.get("grad_norm")) and r.get("skipped") == 0
+              and r.get("trained_tokens", 0) > 0 and finite(r.get("sampler_kl")) and r["sampler_kl"] >= 0
+              for k, r in runs.items()}
+    done = [r for r in runs.values() if finite(r.get("grad_norm"))]
+    checks["same_rollout"] = len(done) == len(runs) and len({r["rollout_digest"] for r in done}) == 1
+    if checks["same_rollout"]:
+        checks["grad_norms_agree_5pct"] = all(r["grad_norm_rel_diff"] < 0.05 for r in done if "grad_norm_rel_diff" in r)
+    return checks
+
+def train_section(P: dict, dev: str, res: dict):
+    "One GRPO step (coin-flip rewards) per loss kernel on a random checkpoint of the train shape, model.dtype=bfloat16"
+    import coin_rewards  # noqa: F401 -- registers grpo_coin
+    from bppo_kit.kernels import pick_impl
     t = P["train"]
+    res["runs"] = runs = {}
     with tempfile.TemporaryDirectory() as d:
-        folder = save_real_shaped(Path(d) / "model", t["size"], "bfloat16", seed=0, tok=tok, device=dev)
-        res["model"] = dict(size=t["size"], parameters=param_count(qwen2_5_config(t["size"])), dtype="bfloat16")
-        res["workload"] = dict(prompts=t["prompts"], group=t["group"], max_new_tokens=t["max_new"], steps=t["steps"],
-                               micro_batch=t["micro_batch"], loss_kernel="chunked", gradient_checkpointing=True)
-        for algo in ("grpo_coin", "bppo_coin"):
-            name = algo.split("_")[0]
-            try: res[name] = train_runs(algo, folder, Path(d), t, dev)
-            except SectionTimeout: raise
-            except Exception as e: res[name] = dict(error=error_text(e), traceback=traceback.format_exc()[-2000:])
-    g, b = res.get("grpo", {}), res.get("bppo", {})
-    if finite(g.get("median_wall_s")) and finite(b.get("median_wall_s")):
-        res["bppo_step_speedup"] = g["median_wall_s"] / b["median_wall_s"]
-        res["bppo_update_speedup"] = g["median_update_s"] / max(b["median_update_s"], 1e-9)
+        model = random_model(t["size"], "bfloat16", dev, t["vocab"])
+        folder = Path(d) / "model"
+        model.save_pretrained(folder)
+        tokenizer().save_pretrained(folder)
+        res["model"] = dict(size=t["size"], parameters=sum(p.numel() for p in model.parameters()), dtype="bfloat16")
+        del model
+        free(dev)
+        res["workload"] = dict(algo="grpo_coin", prompts=t["prompts"], group=t["group"], max_new_tokens=t["max_new"],
+                               micro_batch=t["micro_batch"], gradient_checkpointing=True, tis_cap=2.0,
+                               auto_is=pick_impl(torch.zeros(1, dtype=torch.bfloat16, device=dev), "auto"))
+        for kernel in ("naive", "chunked", "auto"):
+            try: runs[kernel] = one_step(kernel, folder, Path(d), t, dev)
+            except Exception as e:
+                if is_timeout(e): raise
+                runs[kernel] = dict(error=error_text(e), traceback=traceback.format_exc()[-2000:])
+    base = runs.get("naive", {}).get("grad_norm")
+    for r in runs.values():
+        if finite(base) and base > 0 and finite(r.get("grad_norm")):
+            r["grad_norm_rel_diff"] = abs(r["grad_norm"] / base - 1)
+    res["checks"] = train_checks(runs)
+
+# ------------------------------------------------------------------------------------------------------- 6. engine
+def long_prompts(tok, n: int, length: int) -> list[list[int]]:
+    "`n` different prompts of exactly `length` tokens: windows into the synthetic eval set's text, repeated"
+    from bppo_kit.data import load_synthetic_eval
+    ids = tok("\n".join(e.prompt for e in load_synthetic_eval()))["input_ids"]
+    stride = 97  # different windows: no two prompts share their start
+    need = length + stride * n
+    ids = (ids * (need // len(ids) + 1))[:need]
+    return [ids[i * stride:i * stride + length] for i in range(n)]
+
+def throughput(model, prompts: list, e: dict, dev: str) -> dict:
+    "`KitEngine` tokens/s for `n` samples of each prompt at temperature 1 (log-probs kept, as the trainer samples)"
+    import loss_kernel as lk
+    from bppo_kit.rollout import KitEngine, SamplingParams
+    eng = KitEngine(model, tokenizer(), max_slots=len(prompts) * e["n"])
+    eng.generate(prompts[:2], 1, SamplingParams(temperature=1.0, max_new_tokens=8, seed=1))  # warm-up
+    peak = lk.Peak(dev)
+    peak.reset()
+    t0 = time.perf_counter()
+    cs = eng.generate(prompts, e["n"], SamplingParams(temperature=1.0, max_new_tokens=e["max_new"], seed=0))
+    dt = time.perf_counter() - t0
+    toks = sum(c.n_tokens for c in cs)
+    return dict(sequences=len(cs), prompt_tokens=sum(len(c.prompt_ids) for c in cs), new_tokens=toks,
+                seconds=round(dt, 3), tokens_per_s=toks / dt, stopped_early=sum(c.finish_reason == "eos" for c in cs),
+                peak_bytes=peak.read()[1])
+
+@torch.no_grad()
+def tie_gap(model, ids: list[int], a: int, b: int) -> dict:
+    "The model's logits for the next token after `ids`: the gap between tokens `a` and `b`, and the largest |logit|"
+    x = torch.tensor([ids], device=next(model.parameters()).device)
+    z = model(input_ids=x, use_cache=False, logits_to_keep=1).logits[0, -1].float()
+    gap, scale = (z[a] - z[b]).abs().item(), z.abs().max().item()
+    return dict(gap=gap, logit_scale=scale, near_tie=gap <= NEAR_TIE * scale)
+
+def greedy_agreement(model, prompts: list, new: int) -> dict:
+    "Greedy tokens of `KitEngine` and `HFEngine` on `prompts`: identical? where they first part, and by what gap"
+    from bppo_kit.rollout import HFEngine, KitEngine, SamplingParams
+    sp = SamplingParams(temperature=0, max_new_tokens=new, logprobs=False)
+    kit = KitEngine(model, tokenizer()).generate(prompts, 1, sp)
+    hf = HFEngine(model, tokenizer()).generate(prompts, 1, sp)
+    rows = []
+    for p, a, b in zip(prompts, kit, hf):
+        x, y = a.completion_ids, b.completion_ids
+        k = next((i for i, (u, v) in enumerate(zip(x, y)) if u != v), None if len(x) == len(y) else min(len(x), len(y)))
+        row = dict(identical=x == y, first_divergence=k, kit_tokens=len(x), hf_tokens=len(y))
+        if k is not None and k < min(len(x), len(y)): row.update(tie_gap(model, p + x[:k], x[k], y[k]))
+        rows.append(row)
+    parts = [r["first_divergence"] for r in rows if r["first_divergence"] is not None]
+    return dict(prompts=len(rows), new_tokens=new, identical_fraction=sum(r["identical"] for r in rows) / len(rows),
+                first_divergence=min(parts) if parts else None,
+                agreeing_prefix_fraction=statistics.mean(new if r["identical"] else r["first_divergence"] for r in rows)
+                / new, rows=rows)
+
+def engine_section(P: dict, dev: str, res: dict):
+    "KitEngine throughput at about 2k context (bfloat16), and greedy identity with HF's `generate` per dtype"
+    e = P["engine"]
+    prompts = long_prompts(tokenizer(), max(e["prompts"], e["greedy_prompts"]), e["prompt_tokens"])
+    model = random_model(e["size"], "bfloat16", dev, e["vocab"])
+    res["model"] = dict(size=e["size"], parameters=sum(p.numel() for p in model.parameters()), dtype="bfloat16")
+    res["kit"] = throughput(model, prompts[:e["prompts"]], e, dev)
+    free(dev)
+    res["greedy"], res["checks"] = {}, dict(kit_tokens=res["kit"]["new_tokens"] > 0)
+    # different lengths: HF pads on the left, the kit's slots do not
+    few = [p[:e["prompt_tokens"] - 7 * i] for i, p in enumerate(prompts[:e["greedy_prompts"]])]
+    for dtype in e["greedy_dtypes"]:
+        model = model.to(getattr(torch, dtype))
+        res["greedy"][dtype] = g = greedy_agreement(model, few, e["greedy_new"])
+        if dtype == "float32": res["checks"]["greedy_float32_identical"] = g["identical_fraction"] == 1.0
+        else: res["checks"][f"greedy_{dtype}_parts_only_at_ties"] = all(r["identical"] or r.get("near_tie", False)
+                                                                        for r in g["rows"])
+        free(dev)
+
+# ------------------------------------------------------------------------------------------------------ the runner
+def write(result: dict, out: Path):
+    "The JSON, replaced atomically: a run killed at any point leaves the last whole one"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(out.suffix + ".tmp")
+    tmp.write_text(json.dumps(result, indent=1, default=str) + "\n")
+    tmp.replace(out)
 
 def run_section(name: str, fn, result: dict, deadline: float, cap: float, out: Path):
     "Run `fn(res)` under the smaller of `cap` and the budget left; record its status and whatever it measured"
     res = result["sections"][name] = dict(status="running")
     left = deadline - time.time()
     if left < 5:
-        res.update(status="skipped", reason=f"{left:.0f} s of the time budget left"); return write(result, out)
+        res.update(status="skipped", reason=f"{left:.0f} s of the time budget left")
+        return write(result, out)
     signal.signal(signal.SIGALRM, _alarm)
     signal.setitimer(signal.ITIMER_REAL, min(cap, left))
     t0 = time.time()
-    try: fn(res); res["status"] = "ok"
-    except SectionTimeout as e: res.update(status="timeout", error=str(e))
-    except Exception as e: res.update(status="error", error=error_text(e), traceback=traceback.format_exc()[-2000:])
-    finally: signal.setitimer(signal.ITIMER_REAL, 0)
-    gc.collect()
-    if torch.cuda.is_available(): torch.cuda.empty_cache()
-    res["seconds"] = round(time.time() - t0, 2)
+    try:
+        fn(res)
+        res["status"] = "ok"
+    except Stop: raise
+    except Exception as e:
+        timeout = is_timeout(e)
+        res.update(status="timeout" if timeout else "error", error=error_text(e))
+        if not timeout: res["traceback"] = traceback.format_exc()[-2000:]
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        res["seconds"] = round(time.time() - t0, 2)
+    free("cuda" if torch.cuda.is_available() else "cpu")
     print(f"[{name}] {res['status']} in {res['seconds']:.1f} s", flush=True)
     write(result, out)
 
-def write(result: dict, out: Path):
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(out.suffix + ".tmp")
-    tmp.write_text(json.dumps(result, indent=1, default=str) + "\n"); tmp.replace(out)
+def failed(result: dict) -> list[str]:
+    "The sections that did not finish and the checks that are false, as `section` or `section.check`"
+    bad = []
+    for name, r in result["sections"].items():
+        if r.get("status") != "ok": bad.append(f"{name} ({r.get('status')})")
+        bad += [f"{name}.{c}" for c, ok in r.get("checks", {}).items() if not ok]
+    return bad
 
-def environment(dev: str, smoke: bool) -> dict:
-    import transformers
-    env = dict(python=platform.python_version(), torch=torch.__version__, transformers=transformers.__version__,
-               device=torch.cuda.get_device_name() if dev == "cuda" else platform.processor() or "cpu",
-               threads=torch.get_num_threads(), smoke=smoke, triton_interpret=os.environ.get("TRITON_INTERPRET"))
-    if triton_available():
-        import triton
-        env["triton"] = triton.__version__
-    return env
+def gib(x) -> str: return f"{x / 2**30:.2f} GiB" if finite(x) else "-"
 
 def summary(result: dict) -> str:
     "A few lines a person reads first"
     s, lines = result["sections"], []
+    pf = s.get("preflight", {})
+    lines.append(f"preflight  {pf.get('device')}  torch {pf.get('torch')}  triton {pf.get('triton')}  "
+                 f"transformers {pf.get('transformers')}  missing: {', '.join(pf.get('missing', {})) or 'none'}")
+    for dt in ("bfloat16", "float32"):
+        r = s.get("triton", {}).get(dt)
+        if r: lines.append(f"triton     {dt:9s} err loss {r['errors']['loss']:.1e} dH {r['errors']['dH']:.1e} "
+                           f"dW {r['errors']['dW']:.1e}; repeat identical={r['repeat']['identical']}")
     for impl, r in s.get("kernel", {}).get("runs", {}).items():
-        lines.append(f"kernel {impl:8s} " + (f"{r['time_s'] * 1e3:9.1f} ms {r['peak_bytes'] / 2**30:7.2f} GiB"
-                                             if "time_s" in r else str(r)[:100]))
-    for name in ("kit", "hf", "hf_cb"):
-        r = s.get("engine", {}).get(name, {})
-        if r: lines.append(f"engine {name:6s} " + (f"{r['tokens_per_s']:10.0f} tok/s ({r['tokens']} tokens, "
-                                                   f"{r['seconds']:.1f} s)" if "tokens_per_s" in r else str(r)[:100]))
-    for name in ("grpo", "bppo"):
-        r = s.get("train", {}).get(name, {})
-        if r: lines.append(f"train  {name:6s} " + (f"step {r['median_wall_s']:.2f} s (update {r['median_update_s']:.2f}"
-                                                   f" s), peak {r['peak_bytes'] / 2**30:.2f} GiB"
-                                                   if "median_wall_s" in r else str(r)[:100]))
+        lines.append(f"kernel     {impl:8s} " + (f"{r['time_s'] * 1e3:8.1f} ms  {gib(r['peak_bytes'])}  loss err "
+                                                 f"{r['loss_rel_err']:.1e}" if "time_s" in r else str(r)[:100]))
+    for T, r in s.get("memory", {}).get("runs", {}).items():
+        ratio = r.get("measured_over_predicted")
+        lines.append(f"memory     T={T:5s} peak {gib(r['peak_bytes'])}  planner {gib(r.get('predicted_bytes'))}  "
+                     f"measured/planned {f'{ratio:.2f}' if finite(ratio) else r.get('planner')}")
+    for k, r in s.get("train", {}).get("runs", {}).items():
+        ok = finite(r.get("grad_norm")) and finite(r.get("sampler_kl"))
+        lines.append(f"train      {k:8s} " + (f"step {r['wall_s']:.1f} s (update {r['update_s']:.1f} s)  peak "
+                                               f"{gib(r['peak_bytes'])}  grad_norm {r['grad_norm']:.4g}  sampler_kl "
+                                               f"{r['sampler_kl']:.2e}" if ok else str(r)[:100]))
+    eng = s.get("engine", {})
+    if "kit" in eng:
+        lines.append(f"engine     kit {eng['kit']['tokens_per_s']:.0f} tok/s ({eng['kit']['sequences']} sequences)")
+    for dt, g in eng.get("greedy", {}).items():
+        lines.append(f"engine     greedy {dt}: identical {g['identical_fraction']:.2f}, first divergence "
+                     f"{g['first_divergence']}")
+    lines.append("failed: " + (", ".join(result["failed"]) or "nothing"))
     return "\n".join(lines)
 
 def main(argv=None):
@@ -222,28 +605,32 @@ def main(argv=None):
     ap.add_argument("--out", default="gpu_check.json", help="the JSON result")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (the test's mode)")
     ap.add_argument("--budget-s", type=float, default=None,
-                    help="total time budget; each section gets a share of it (default: 460 s, smoke 110 s)")
-    ap.add_argument("--only", default="kernel,engine,train", help="comma-separated sections to run")
+                    help="total time budget; each section gets its share (default: 460 s, smoke 270 s)")
+    ap.add_argument("--only", default=",".join(SECTIONS[1:]), help="comma-separated sections after the preflight")
     a = ap.parse_args(argv)
-    P = SMOKE if a.smoke else FULL
-    dev = "cpu" if a.smoke else "cuda"
-    if dev == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("gpu_check: no CUDA device; use --smoke for the CPU smoke run")
+    P, dev = (SMOKE, "cpu") if a.smoke else (FULL, "cuda")
     t_start, out = time.time(), Path(a.out)
     budget = a.budget_s or P["budget_s"]
-    deadline = t_start + budget
-    result = dict(command=" ".join(["python3", "benchmarks/gpu_check.py"] + (argv or sys.argv[1:])),
-                  environment=environment(dev, a.smoke), budget_s=budget, sections={})
-    tok = bpe_tokenizer()
-    result["tokenizer"] = dict(tokens=len(tok), seconds=round(time.time() - t_start, 2))
-    sections = dict(kernel=lambda r: kernel_section(P, dev, r), engine=lambda r: engine_section(P, dev, tok, r),
-                    train=lambda r: train_section(P, dev, tok, r))
-    for name in a.only.split(","):
-        run_section(name, sections[name], result, deadline, P["shares"][name] * budget, out)
-    result["total_s"] = round(time.time() - t_start, 2)
+    deadline, scale = t_start + budget, budget / P["budget_s"]
+    result = dict(command=" ".join(["python3", "benchmarks/gpu_check.py"] + (sys.argv[1:] if argv is None else argv)),
+                  smoke=a.smoke, budget_s=budget, sections={})
+    fns = dict(preflight=lambda r: preflight(P, dev, a.smoke, r), triton=lambda r: triton_section(P, dev, r),
+               kernel=lambda r: kernel_section(P, dev, r), memory=lambda r: memory_section(P, dev, r),
+               train=lambda r: train_section(P, dev, r), engine=lambda r: engine_section(P, dev, r))
+    try:
+        for name in ["preflight"] + [n for n in a.only.split(",") if n and n != "preflight"]:
+            run_section(name, fns[name], result, deadline, P["caps"][name] * scale, out)
+    except Stop as e:
+        result["sections"]["preflight"].update(status="stopped", stop=str(e))
+        result.update(failed=["preflight (stopped)"], total_s=round(time.time() - t_start, 2))
+        write(result, out)
+        print(f"gpu_check: stopped at the preflight: {e}", flush=True)
+        return 3
+    result.update(failed=failed(result), total_s=round(time.time() - t_start, 2))
     write(result, out)
     print(summary(result))
     print(f"wrote {out} ({result['total_s']:.0f} s)")
+    return 1 if result["failed"] else 0
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -89,14 +89,15 @@ def logits_grad_tile(h: torch.Tensor, # [M, H] hidden states (in the compute dty
 def tf32_matmuls(allow: bool = True): # False: change nothing
     "Within the block CUDA float32 matmuls may use TF32 tensor cores; the setting from before is restored after"
     mm = torch.backends.cuda.matmul
-    prev = mm.fp32_precision
-    change = allow and prev != "tf32"
+    new_api = hasattr(mm, "fp32_precision")  # torch >= 2.9; an older torch has only the `allow_tf32` switch
+    prev = mm.fp32_precision if new_api else mm.allow_tf32
+    change = allow and prev not in ("tf32", True)
     if change: mm.allow_tf32 = True
     try: yield
     finally:
         if change:
             mm.allow_tf32 = False
-            mm.fp32_precision = prev
+            if new_api: mm.fp32_precision = prev
 
 def _tf32_for(h: torch.Tensor):
     "`tf32_matmuls` for the float32 matmuls of inputs `h`: on CUDA when `h` is narrower than float32 (exact in TF32)"
@@ -388,6 +389,15 @@ def prefix_policy_loss(hidden: torch.Tensor, # [N, H] final hidden states (after
                        return_stats: bool = False, # also return per-token metrics
                        block_n: int | None = None, block_v: int | None = None): # tokens, vocabulary rows per tile
     "Token-mean clipped-surrogate loss over `mask` without materializing [N, V] logits (and stats if asked)"
+    # the trainer calls it under autocast, which would run the float32 accumulations below as bf16 matmuls: the
+    # inputs already come in the compute dtype, and what follows chooses its own precision
+    with torch.autocast(hidden.device.type, enabled=False):
+        return _prefix_policy_loss(hidden, weight, targets, old_logp, advantages, mask, eps_low, eps_high, ref_logp,
+                                   beta, impl, return_stats, block_n, block_v)
+
+def _prefix_policy_loss(hidden, weight, targets, old_logp, advantages, mask, eps_low, eps_high, ref_logp, beta, impl,
+                        return_stats, block_n, block_v):
+    "`prefix_policy_loss` outside autocast"
     impl = pick_impl(hidden, impl)
     mask = mask.reshape(-1).bool()
     idx = mask.nonzero().squeeze(1)

@@ -166,3 +166,16 @@ def test_benchmark_small(tmp_path):
     for k in ("naive_peak_bytes", "chunked_peak_bytes", "naive_time_s", "chunked_time_s", "memory_ratio", "time_ratio"):
         assert k in d, k
     assert 0 < d["chunked_peak_bytes"] < d["naive_peak_bytes"] and d["loss_abs_diff"] < 1e-4
+
+
+def test_fused_loss_keeps_its_precision_under_autocast():
+    "The trainer calls the fused loss under bf16 autocast: its float32 accumulations must not become bf16 matmuls"
+    g = torch.Generator().manual_seed(0)
+    h, w = torch.randn(64, 32, generator=g).bfloat16(), (torch.randn(512, 32, generator=g) * 0.3).bfloat16()
+    t, adv = torch.randint(0, 512, (64,), generator=g), torch.randn(64, generator=g)
+    old, m = -torch.rand(64, generator=g) * 6, torch.ones(64, dtype=torch.bool)
+    for impl in ("chunked", "naive"):
+        outside = prefix_policy_loss(h, w, t, old, adv, m, impl=impl, return_stats=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            inside = prefix_policy_loss(h, w, t, old, adv, m, impl=impl, return_stats=True)
+        assert torch.equal(outside[0], inside[0]) and torch.equal(outside[1]["logp"], inside[1]["logp"]), impl
