@@ -167,19 +167,24 @@ def _same_class(a: type, b: type) -> bool:
     same_home = a.__module__ == b.__module__ or "__main__" in (a.__module__, b.__module__)
     return a.__qualname__ == b.__qualname__ and same_home
 
-def register(name: str): # the `algo.name` that selects the class
-    "Class decorator: make an `Algorithm` subclass available as `algo.name=name`"
+def _registrar(table: dict, base: type, kind: str, name: str, # kind: "algorithm" or "engine", for the messages
+               decorator: str):
+    "A class decorator that puts a `base` subclass into `table` as `name` (the newest definition of a class wins)"
     if not name or not name.replace("_", "").replace("-", "").isalnum():
-        raise ValueError(f"bad algorithm name {name!r}")
+        raise ValueError(f"bad {kind} name {name!r}")
     def deco(cls):
-        if not (isinstance(cls, type) and issubclass(cls, Algorithm)):
-            raise TypeError(f"register({name!r}) takes a subclass of bppo_kit.core.Algorithm, got {cls!r}")
-        old = ALGORITHMS.get(name)
+        if not (isinstance(cls, type) and issubclass(cls, base)):
+            raise TypeError(f"{decorator}({name!r}) takes a subclass of bppo_kit.core.{base.__name__}, got {cls!r}")
+        old = table.get(name)
         if old is not None and not _same_class(old, cls):
-            raise ValueError(f"algorithm {name!r} is already registered ({old.__module__}.{old.__qualname__})")
-        ALGORITHMS[name] = cls  # the newest definition of the same class wins
+            raise ValueError(f"{kind} {name!r} is already registered ({old.__module__}.{old.__qualname__})")
+        table[name] = cls
         return cls
     return deco
+
+def register(name: str): # the `algo.name` that selects the class
+    "Class decorator: make an `Algorithm` subclass available as `algo.name=name`"
+    return _registrar(ALGORITHMS, Algorithm, "algorithm", name, "register")
 
 def algorithm_class(name: str) -> type:
     "The registered class of algorithm `name`; a `ConfigError` naming `algo.name` if there is none"
@@ -252,15 +257,9 @@ ENGINES: dict[str, type] = {}  # name -> Engine subclass; filled by `register_en
 
 def register_engine(name: str): # the `rollout.engine` that selects the class
     "Class decorator: make an `Engine` subclass available as `rollout.engine=name`"
-    if not name or not name.replace("_", "").replace("-", "").isalnum():
-        raise ValueError(f"bad engine name {name!r}")
+    put = _registrar(ENGINES, Engine, "engine", name, "register_engine")
     def deco(cls):
-        if not (isinstance(cls, type) and issubclass(cls, Engine)):
-            raise TypeError(f"register_engine({name!r}) takes a subclass of bppo_kit.core.Engine, got {cls!r}")
-        old = ENGINES.get(name)
-        if old is not None and not _same_class(old, cls):
-            raise ValueError(f"engine {name!r} is already registered ({old.__module__}.{old.__qualname__})")
-        cls.name, ENGINES[name] = name, cls
+        put(cls).name = name
         return cls
     return deco
 
