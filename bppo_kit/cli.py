@@ -16,7 +16,7 @@ from .policy import load_policy
 from .rollout import SamplingParams
 
 # %% auto #0
-__all__ = ['COMMANDS', 'seed_everything', 'cmd_eval', 'cmd_sft', 'cmd_train', 'cmd_compare', 'cmd_probe', 'cmd_plot',
+__all__ = ['COMMANDS', 'seed_everything', 'cmd_eval', 'cmd_sft', 'cmd_train', 'cmd_compare', 'cmd_probe', 'cmd_plot', 'cmd_plan',
            'load_plugin', 'build_parser', 'shorthand_overrides', 'cmd_launch', 'main']
 
 # %% ../nbs/12_cli.ipynb #5b7f3859
@@ -108,6 +108,15 @@ def cmd_plot(args, cfg: Config) -> int:
     print(plot_run(args.runs, args.png))
     return 0
 
+# %% ../nbs/12_cli.ipynb #ea38adb8
+def cmd_plan(args, cfg: Config) -> int:
+    "The table of what the run needs per GPU (exit 0), or a `ConfigError` naming the field to change (exit 2)"
+    from bppo_kit.plan import plan
+    p = plan(cfg, args.gpus, args.gpu_memory, args.shard)
+    if not p.fits: raise ConfigError(p.advice)
+    print(p.table())
+    return 0
+
 # %% ../nbs/12_cli.ipynb #1a8e7243
 def _common(p):
     p.add_argument("--preset", default="cpu-demo", help=f"one of: {', '.join(PRESETS)}")
@@ -175,6 +184,12 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("runs", nargs="+", help="run folders")
     pl.add_argument("--png", help="output PNG (default RUN/curves.png)")
     pl.set_defaults(preset="cpu-demo", config=None, overrides=[])
+    pn = sub.add_parser("plan", help="the memory a run needs per GPU: a table when it fits, else one line (exit 2)")
+    _common(pn)
+    pn.add_argument("--gpus", type=int, default=1, help="GPUs, one process each")
+    pn.add_argument("--gpu-memory", type=float, default=80, metavar="GB", help="one GPU's memory in GiB")
+    pn.add_argument("--shard", choices=["ddp", "fsdp2"], default="ddp", help="fsdp2 shards weights, grads, AdamW")
+    pn.add_argument("--prompt-tokens", type=int, help="rollout.max_prompt_tokens: the prompt length assumed")
     la = sub.add_parser("launch", help="run a bppo command on several processes (accelerate launch), "
                                        "after checking that the accelerate config can run here")
     la.add_argument("accelerate_config", help="an accelerate config file, e.g. configs/accelerate/ddp.yaml")
@@ -203,7 +218,7 @@ def cmd_launch(args, cfg: Config) -> int:
                             args.accelerate_config, *n, "-m", "bppo_kit.cli", *cmd])
 
 COMMANDS = {"eval": cmd_eval, "sft": cmd_sft, "train": cmd_train, "compare": cmd_compare, "probe": cmd_probe,
-            "plot": cmd_plot, "launch": cmd_launch}
+            "plot": cmd_plot, "plan": cmd_plan, "launch": cmd_launch}
 
 def main(argv: list[str] | None = None) -> int:
     "Entry point of the `bppo` command; returns the exit code"
@@ -214,6 +229,7 @@ def main(argv: list[str] | None = None) -> int:
         for spec in getattr(args, "plugins", []): load_plugin(spec)
         extra = shorthand_overrides(args) if args.cmd == "train" else []
         if args.cmd == "compare": extra = [f"train.steps={args.steps}"] if args.steps else []
+        if args.cmd == "plan" and args.prompt_tokens: extra = [f"rollout.max_prompt_tokens={args.prompt_tokens}"]
         cfg = get_config(args.preset, args.config, extra + args.overrides)
         return COMMANDS[args.cmd](args, cfg)
     except (ConfigError, DataError) as e:

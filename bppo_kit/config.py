@@ -262,12 +262,15 @@ def _cpu_demo() -> Config:
     c.train.out = "runs/cpu-demo"
     return c
 
-def _gpu(model: str, task: str, group: int, max_new: int, out: str) -> Config:
+def _gpu(model: str, task: str, group: int, max_new: int, out: str, micro_batch: int, vllm_share: float) -> Config:
+    "A GPU preset: bf16 compute, checkpointing and the fused loss, vLLM with `vllm_share` of the GPU (`bppo plan`)"
     c = Config()
     c.model.name_or_path, c.model.dtype, c.model.gradient_checkpointing = model, "bfloat16", True
     c.data.task, c.data.eval_size = task, 500
     c.rollout.engine, c.rollout.group_size, c.rollout.max_new_tokens = "vllm", group, max_new
-    c.train.lr, c.train.prompts_per_step, c.train.micro_batch, c.train.device = 1e-6, 64, 8, "cuda"
+    c.rollout.gpu_memory_utilization = vllm_share
+    c.train.lr, c.train.prompts_per_step, c.train.micro_batch, c.train.device = 1e-6, 64, micro_batch, "cuda"
+    c.train.loss_kernel = "auto"  # Triton on CUDA: no [micro-batch, tokens, vocabulary] logits
     c.train.steps, c.train.out, c.train.eval_every, c.train.save_every = 300, out, 25, 25
     return c
 
@@ -281,10 +284,11 @@ PRESETS = {
     "cpu-demo": _cpu_demo,
     # an instruct model: its chat template. The GSM8K prompt asks for the answer after '####'; a system prompt asking
     # for \boxed{} would contradict it (the verifier's gsm8k rule takes either anchor, whichever comes last)
+    # both fit one 80 GB GPU with room to spare (32 and 56 GiB at their peaks: `bppo plan`, the plan lesson)
     "gsm8k-qwen2.5-0.5b": lambda: _chat(_gpu("Qwen/Qwen2.5-0.5B-Instruct", "gsm8k", 8, 1024,
-                                             "runs/gsm8k-qwen2.5-0.5b"), "You are a helpful assistant."),
+                                             "runs/gsm8k-qwen2.5-0.5b", 16, 0.3), "You are a helpful assistant."),
     # a base model: plain text prompts, as R1-Zero-style runs on it use
-    "math-qwen2.5-1.5b": lambda: _gpu("Qwen/Qwen2.5-Math-1.5B", "math", 8, 3072, "runs/math-qwen2.5-1.5b"),
+    "math-qwen2.5-1.5b": lambda: _gpu("Qwen/Qwen2.5-Math-1.5B", "math", 8, 3072, "runs/math-qwen2.5-1.5b", 8, 0.4),
 }
 
 def get_config(preset: str = "cpu-demo", # a name in `PRESETS`

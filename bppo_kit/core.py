@@ -12,7 +12,7 @@ from .data import Example
 # %% auto #0
 __all__ = ['ALGORITHMS', 'ENGINES', 'SamplingParams', 'Completion', 'Request', 'Rollout', 'TrainItem', 'masked_mean',
            'clipped_surrogate', 'k3_kl', 'entropy_from_logits', 'Algorithm', 'register', 'algorithm_class',
-           'make_algorithm', 'EngineCaps', 'Engine', 'register_engine', 'engine_class', 'engine_caps']
+           'make_algorithm', 'EngineCaps', 'EngineMemory', 'Engine', 'register_engine', 'engine_class', 'engine_caps']
 
 # %% ../nbs/03c_core.ipynb #f087151a
 @dataclass
@@ -213,6 +213,16 @@ class EngineCaps:
         "The names among `wanted` (capability=value) this engine lacks"
         return [k for k, v in wanted.items() if getattr(self, k) != v]
 
+@dataclass
+class EngineMemory:
+    "What an engine holds on a GPU, as the memory planner counts it: while it generates, and through the update"
+    generating: int  # bytes while it generates
+    updating: int  # bytes it keeps while the policy updates
+    at_once: int  # sequences it decodes at once
+    rows: list = field(default_factory=list)  # (what, bytes, note) for the plan's table
+    knobs: list = field(default_factory=list)  # (config field, value) that shrink `generating`, least costly first
+    problem: str = ""  # one line naming the field, when the engine cannot start at all
+
 # %% ../nbs/03c_core.ipynb #f3d8cf98
 class Engine:
     "What the trainer, the sampler and the algorithms ask of a rollout engine; capabilities in `caps`"
@@ -245,6 +255,13 @@ class Engine:
 
     def sync_weights(self, model):
         "Load `model`'s weights into the engine's own copy (engines with `caps.own_weights`)"
+
+    @classmethod
+    def memory(cls, cfg: Config, seqs: int, seq_tokens: int, # a GPU's share of a step: sequences, tokens each
+               kv_per_token: int, # KV-cache bytes of one token (all layers)
+               weight_bytes: int, gpu_bytes: int) -> EngineMemory: # the weights in the compute dtype; one GPU
+        "What the engine holds on a GPU for a step (the memory planner); by default: not modelled"
+        return EngineMemory(0, 0, seqs, [(f"{cls.name or cls.__name__} engine", 0, "not modelled by the planner")])
 
     def sleep(self):
         "Free the engine's device memory until the next `sync_weights` (the update needs it); no-op by default"

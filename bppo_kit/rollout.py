@@ -11,7 +11,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
-from .core import Completion, Engine, EngineCaps, Request, SamplingParams, register_engine
+from .core import Completion, Engine, EngineCaps, EngineMemory, Request, SamplingParams, register_engine
 from .policy import merged_state_dict, token_logprobs
 
 # %% auto #0
@@ -48,9 +48,19 @@ def stop_ids(model, tok, sp: SamplingParams) -> set[int]:
 @register_engine("hf")
 class HFEngine(Engine):
     "Generation with transformers' `model.generate` (left padding)"
-    def __init__(self, model, tok, max_batch: int = 512, progress: bool = False):
+    MAX_BATCH = 512  # sequences per `model.generate` call
+
+    def __init__(self, model, tok, max_batch: int = MAX_BATCH, progress: bool = False):
         self.model, self.tok, self.max_batch, self.progress = model, tok, max_batch, progress
         self.stats = dict(generated_tokens=0, seconds=0.0, calls=0)
+
+    @classmethod
+    def memory(cls, cfg, seqs: int, seq_tokens: int, kv_per_token: int, weight_bytes: int,
+               gpu_bytes: int) -> EngineMemory:
+        "A KV cache for one `generate` batch, freed when it returns (the memory planner)"
+        rows = min(cls.MAX_BATCH, seqs)
+        kv = rows * seq_tokens * kv_per_token
+        return EngineMemory(kv, 0, rows, [("hf engine KV cache", kv, f"{rows} rows x {seq_tokens}; freed after")])
 
     @torch.no_grad()
     def generate(self, prompts: list[str | list[int]], # text, or token ids (the trainer's: `prompt_ids`)
@@ -474,6 +484,15 @@ class KitEngine(Engine):
         "The engine of a run: `rollout.max_slots` slots"
         return cls(model, tok, max_slots=cfg.rollout.max_slots, progress=progress)
 
+    @classmethod
+    def memory(cls, cfg, seqs: int, seq_tokens: int, kv_per_token: int, weight_bytes: int,
+               gpu_bytes: int) -> EngineMemory:
+        "Its slot cache, kept from one call to the next (the memory planner); fewer slots shrink it"
+        slots = min(cfg.rollout.max_slots, seqs)
+        kv = slots * seq_tokens * kv_per_token
+        fewer = [("rollout.max_slots", s) for s in range(cfg.rollout.max_slots - 1, 0, -1)]
+        return EngineMemory(kv, kv, slots, [("kit engine KV cache", kv, f"{slots} slots x {seq_tokens}; kept")], fewer)
+
     @torch.no_grad()
     def run(self, requests: list[Request], sampling: SamplingParams | None = None,
             window: int | None = None, # at most this many new tokens per request in this call ("window" if unfinished)
@@ -623,6 +642,9 @@ class VLLMCompat:
 class VLLMEngine(Engine):
     "Generation with vLLM (`vllm.LLM`), colocated with the trainer; `sync_weights` pushes training weights in memory"
     caps = EngineCaps(exact=False, own_weights=True, device="cuda")
+    OVERHEAD_GIB = 2.0  # its share beyond weights and KV cache: the profile run's activations, CUDA graphs
+    ASLEEP_GIB = 1.0  # what it keeps on the GPU while it sleeps through the update: mostly its CUDA graphs
+
     def __init__(self, model, tok, model_path: str, # a checkpoint folder or hub id of `model`'s architecture
                  gpu_memory_utilization: float = 0.3, # share of device memory for the engine (weights + KV cache)
                  sleep: bool = True, # where vLLM can (CUDA): `sleep()` frees weights and KV cache for the update
@@ -667,6 +689,22 @@ class VLLMEngine(Engine):
         return cls(model, tok, resolve_policy_path(cfg.model.name_or_path), r.gpu_memory_utilization,
                    max_model_len=r.max_prompt_tokens + r.max_new_tokens, dtype=cfg.model.dtype, seed=cfg.train.seed,
                    dist=dist)
+
+    @classmethod
+    def memory(cls, cfg, seqs: int, seq_tokens: int, kv_per_token: int, weight_bytes: int,
+               gpu_bytes: int) -> EngineMemory:
+        "Its share of the GPU (weights, KV cache, overhead) while it generates; asleep through the update"
+        u = cfg.rollout.gpu_memory_utilization
+        share, gib = int(u * gpu_bytes), 2 ** 30
+        kv = max(0, share - weight_bytes - int(cls.OVERHEAD_GIB * gib))
+        at_once = kv // (seq_tokens * kv_per_token)
+        rows = [(f"vLLM share ({u:.2f} of the GPU)", share, f"its weights; KV cache for {at_once} sequences at once "
+                 f"({kv / gib:.1f} GiB)"), ("vLLM asleep", int(cls.ASLEEP_GIB * gib), "while the policy updates")]
+        less = [("rollout.gpu_memory_utilization", p / 100) for p in range(round(u * 100) - 1, 0, -1)]
+        problem = "" if at_once else ("rollout.gpu_memory_utilization: vLLM's share leaves no KV cache for one "
+                                      "sequence of rollout.max_prompt_tokens + rollout.max_new_tokens; raise it, or "
+                                      "lower those")
+        return EngineMemory(share, rows[1][1], at_once, rows, less, problem)
 
     def sleep(self):
         "Free the weights and the KV cache for the update (level 2: the weights are pushed again anyway)"

@@ -15,6 +15,7 @@ from .core import Algorithm, Engine, SamplingParams, algorithm_class, engine_cap
 from .distributed import (Dist, checkpoint_states, full_state_dict, init_dist, load_optimizer_state,
                                   reduce_metrics)
 from .evaluate import eval_examples, evaluate
+from .plan import check_fits, model_config
 from .policy import DTYPES, add_lora, copy_weights, generation_copy, is_peft, load_policy
 from .rewards import Task
 from .runs import (RunDir, append_jsonl, load_trainer_state, open_run, read_jsonl_rows, rng_state,
@@ -25,8 +26,9 @@ from .update import check_fused_head, update
 import bppo_kit.bppo, bppo_kit.grpo, bppo_kit.tppo  # noqa: F401 -- the built-in algorithms register themselves
 
 # %% auto #0
-__all__ = ['COSTS', 'lr_at', 'device_of', 'Session', 'own_state', 'check_precision', 'with_lora', 'start_policy', 'setup',
-           'step_costs', 'train_step', 'evaluate_step', 'eval_examples_of', 'open_run_on', 'rows_after', 'train']
+__all__ = ['COSTS', 'lr_at', 'device_of', 'Session', 'own_state', 'check_precision', 'check_gpu_memory', 'with_lora',
+           'start_policy', 'setup', 'step_costs', 'train_step', 'evaluate_step', 'eval_examples_of', 'open_run_on',
+           'rows_after', 'train']
 
 # %% ../nbs/11_trainer.ipynb #ef0a4107
 def lr_at(step: int, lr: float, warmup_steps: int = 0) -> float:
@@ -78,6 +80,15 @@ def check_precision(cfg: Config):
     if cfg.model.dtype == "float16":
         raise ConfigError("model.dtype: float16 training needs loss scaling, which the kit does not do; "
                           "use bfloat16 or float32 (evaluation runs in float16)")
+
+def check_gpu_memory(cfg: Config, dist: Dist, policy=None): # `policy`: a given `(model, tokenizer)`, if any
+    "On CUDA, before anything loads: a one-line `ConfigError` naming the field to change if the run cannot fit"
+    gib = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory / 2**30
+    try: hf = policy[0].config if policy is not None else model_config(cfg.model.name_or_path)
+    except ConfigError as e:  # a hub id neither cached nor of a known shape: nothing to plan from without loading it
+        print(f"memory not planned: {e}", flush=True)
+        return
+    check_fits(cfg, dist.world, gib, "fsdp2" if dist.kind == "fsdp" else "ddp", hf_config=hf)
 
 def with_lora(model, cfg: Config):
     "The model to train: `model` itself, or with a LoRA adapter (a fresh one, or the checkpoint's made trainable)"
@@ -234,6 +245,7 @@ def train(cfg: Config, # the validated config
     check_precision(cfg)
     check_trackers(cfg)  # a tracker that is not installed: one line, before anything loads
     dist = init_dist(cfg, cpu=device_of(cfg) == "cpu")  # several processes when `accelerate launch` started them
+    if device_of(cfg) == "cuda": check_gpu_memory(cfg, dist, policy)  # `bppo plan`'s verdict, before any load
     run = open_run_on(dist, cfg, resume, overwrite)
     s = setup(cfg, run, resume, dist, task, policy)
     eval_set, evals = eval_examples_of(cfg, task), rows_after(dist, run, s.start)
