@@ -531,6 +531,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                   'bppo_kit.trainer._stop_on_signals': ('trainer.html#_stop_on_signals', 'bppo_kit/trainer.py'),
                                   'bppo_kit.trainer.check_gpu_memory': ('trainer.html#check_gpu_memory', 'bppo_kit/trainer.py'),
                                   'bppo_kit.trainer.check_precision': ('trainer.html#check_precision', 'bppo_kit/trainer.py'),
+                                  'bppo_kit.trainer.check_run': ('trainer.html#check_run', 'bppo_kit/trainer.py'),
                                   'bppo_kit.trainer.device_of': ('trainer.html#device_of', 'bppo_kit/trainer.py'),
                                   'bppo_kit.trainer.eval_examples_of': ('trainer.html#eval_examples_of', 'bppo_kit/trainer.py'),
                                   'bppo_kit.trainer.evaluate_step': ('trainer.html#evaluate_step', 'bppo_kit/trainer.py'),

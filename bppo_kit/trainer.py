@@ -27,8 +27,8 @@ import bppo_kit.bppo, bppo_kit.grpo, bppo_kit.tppo  # noqa: F401 -- the built-in
 
 # %% auto #0
 __all__ = ['COSTS', 'lr_at', 'device_of', 'Session', 'own_state', 'check_precision', 'check_gpu_memory', 'with_lora',
-           'start_policy', 'setup', 'step_costs', 'train_step', 'evaluate_step', 'eval_examples_of', 'open_run_on',
-           'rows_after', 'train']
+           'start_policy', 'setup', 'step_costs', 'train_step', 'evaluate_step', 'eval_examples_of', 'check_run',
+           'open_run_on', 'rows_after', 'train']
 
 # %% ../nbs/11_trainer.ipynb #ef0a4107
 def lr_at(step: int, lr: float, warmup_steps: int = 0) -> float:
@@ -211,6 +211,13 @@ def _stop_on_signals():
     old = {sg: signal.signal(sg, on) for sg in (signal.SIGINT, signal.SIGTERM)}
     return flag, lambda: [signal.signal(sg, h) for sg, h in old.items()]
 
+def check_run(cfg: Config):
+    "One line, before anything loads, for what cannot run: an unknown or unsuited algorithm or engine, dtype, tracker"
+    algorithm_class(cfg.algo.name).check(cfg)
+    engine_class(cfg.rollout.engine).check(cfg)
+    check_precision(cfg)
+    check_trackers(cfg)  # a tracker that is not installed
+
 def open_run_on(dist: Dist, cfg: Config, resume: bool, overwrite: bool) -> RunDir:
     "`open_run` on the writing process; the others wait for it, and fail with its one line if it fails"
     if dist.world == 1: return open_run(cfg, resume, overwrite)
@@ -240,10 +247,7 @@ def train(cfg: Config, # the validated config
           policy=None) -> dict: # a loaded `(model, tokenizer)`, trained in place; None: `model.name_or_path`
     "Run RL training; returns a summary with the first and last evaluation"
     t = cfg.train
-    algorithm_class(cfg.algo.name).check(cfg)  # an unknown algorithm, or a config it cannot run, fails before any load
-    engine_class(cfg.rollout.engine).check(cfg)  # ... and so does an engine that cannot serve the config
-    check_precision(cfg)
-    check_trackers(cfg)  # a tracker that is not installed: one line, before anything loads
+    check_run(cfg)
     dist = init_dist(cfg, cpu=device_of(cfg) == "cpu")  # several processes when `accelerate launch` started them
     if device_of(cfg) == "cuda": check_gpu_memory(cfg, dist, policy)  # `bppo plan`'s verdict, before any load
     run = open_run_on(dist, cfg, resume, overwrite)
