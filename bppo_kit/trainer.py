@@ -213,6 +213,9 @@ def _stop_on_signals():
 
 def check_run(cfg: Config):
     "One line, before anything loads, for what cannot run: an unknown or unsuited algorithm or engine, dtype, tracker"
+    if cfg.train.device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("train.device: cuda, but this torch sees no CUDA device (a CPU build, or no GPU); install a "
+                          "CUDA build (make install TORCH=...), or --set train.device=cpu --set rollout.engine=kit")
     algorithm_class(cfg.algo.name).check(cfg)
     engine_class(cfg.rollout.engine).check(cfg)
     check_precision(cfg)

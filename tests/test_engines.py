@@ -113,3 +113,12 @@ def test_plugin_flag_registers_engine(tmp_path):
               "--set", "rollout.engine=counting"])
         assert ENGINES["counting"].calls["sleep"] == 1 and ENGINES["counting"].calls["generate"] >= 1
     finally: ENGINES.pop("counting", None); ENGINES.pop("plain", None)
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has a CUDA device")
+def test_gpu_preset_without_cuda_is_one_line(tmp_path):
+    "A GPU preset on a machine without CUDA stops before anything loads, naming train.device"
+    cfg = get_config("gsm8k-qwen2.5-0.5b", overrides=[f"train.out={tmp_path / 'run'}"])
+    with pytest.raises(ConfigError) as e: train(cfg, progress=False)
+    assert str(e.value).startswith("train.device: cuda") and "\n" not in str(e.value)
+    assert not (tmp_path / "run").exists()

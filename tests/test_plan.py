@@ -152,6 +152,7 @@ def test_train_refuses_on_a_gpu_what_cannot_fit(monkeypatch, tmp_path):
     from types import SimpleNamespace
     import bppo_kit.trainer as trainer
     monkeypatch.setattr(trainer, "device_of", lambda cfg: "cuda")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(total_memory=16 * 2**30))
     cfg = get_config("math-qwen2.5-1.5b", overrides=[f"train.out={tmp_path / 'run'}"])
