@@ -310,10 +310,11 @@ def state_rows(cfg: Config, a: Arch, gpus: int = 1, shard: str = "ddp") -> list[
     ref = c * a.params if cfg.algo.beta > 0 else 0
     rows.append(Row("reference model", ref, m.dtype if ref else "algo.beta = 0: none"))
     # the weights the engine decodes (the trainer's `setup`): a copy in the compute dtype, or the model itself, which
-    # FSDP2 shards: then a whole float32 copy to gather into (an engine with weights of its own is synced from it)
+    # FSDP2 shards: then a whole copy in the compute dtype to gather into (an engine with weights of its own is synced
+    # from it)
     own = engine_caps(cfg).own_weights
     if not own and (c < 4 or m.lora_r): gen, why = c * a.params, f"{m.dtype}, LoRA merged" if m.lora_r else m.dtype
-    elif fsdp: gen, why = 4 * a.params, "FSDP2: a whole float32 copy to gather into"
+    elif fsdp: gen, why = c * a.params, f"FSDP2: a whole {m.dtype} copy to gather into"
     else: gen, why = 0, "the engine holds its own" if own else "the engine decodes the model itself"
     return rows + [Row("generation copy", gen, why)]
 

@@ -146,7 +146,8 @@ def setup(cfg: Config, run: RunDir, resume: bool = False, dist: Dist | None = No
     if own is not None and own.get("algo") is not None: algo.load_state_dict(own["algo"])
     # the weights the engine decodes: a copy in the compute dtype, or `model` itself (float32; an engine with its own)
     gen = model if engine_caps(cfg).own_weights else generation_copy(model, cfg.model.dtype)
-    if dist.kind == "fsdp" and gen is model: gen = copy.deepcopy(model).eval().requires_grad_(False)  # shards in place
+    if dist.kind == "fsdp" and gen is model:  # FSDP2 shards `model` in place: a whole copy to gather into
+        gen = copy.deepcopy(model).to(DTYPES[cfg.model.dtype]).eval().requires_grad_(False)
     engine = make_engine(cfg, gen, tok, dist=dist)
     model, opt = dist.prepare(model, opt)  # DDP / FSDP2 with several processes; unchanged on one
     if fmt == "fqn": load_optimizer_state(model, opt, state["optimizer"], fmt)  # an FSDP2 run's checkpoint
