@@ -55,14 +55,15 @@ def cmd_sft(args, cfg: Config) -> int:
 def _rank0() -> bool: return os.environ.get("RANK", "0") in ("", "0")  # the first process of a launch, or the only one
 
 def cmd_train(args, cfg: Config) -> int:
-    from bppo_kit.runs import plot_run
+    from bppo_kit.runs import load_trainer_state, plot_run
     from bppo_kit.api import RLTrainer  # the script API's trainer: `bppo train` is a script with the config's data
     try: s = RLTrainer(args=cfg).train(resume=args.resume, progress=not args.quiet, overwrite=args.overwrite)
     except KeyboardInterrupt:
-        st = Path(cfg.train.out) / "checkpoint" / "trainer_state.pt"
-        saved = (f"the checkpoint in {st.parent} holds step {torch.load(st, weights_only=True)['step']}"
-                 if st.exists() else "no checkpoint was saved")
-        if _rank0(): print(f"bppo: interrupted; {saved} (continue with --resume)", file=sys.stderr)
+        ckpt = Path(cfg.train.out) / "checkpoint"
+        try: saved = f"the checkpoint in {ckpt} holds step {load_trainer_state(ckpt)['step']} (continue with --resume)"
+        except FileNotFoundError: saved = "no checkpoint was saved"
+        except ConfigError as e: saved = str(e)  # killed while a large checkpoint was rewritten in place
+        if _rank0(): print(f"bppo: interrupted; {saved}", file=sys.stderr)
         return 130
     if s["rank"]: return 0  # under `accelerate launch` the first process reports
     png = plot_run(cfg.train.out)

@@ -215,3 +215,23 @@ def test_trainer_resumes_a_checkpoint_rewritten_in_place_and_refuses_a_mix(tmp_p
     with pytest.raises(ConfigError, match="from step 2 to step 3 .* cannot be resumed"):
         train(get_config("cpu-demo", overrides=small + ["train.steps=4"]), resume=True, progress=False,
               evaluate_every=False)
+
+
+def test_interrupted_train_says_what_the_checkpoint_holds(tmp_path, monkeypatch, capsys):
+    "`bppo train` stopped by Ctrl-C reports no checkpoint, the step it holds, or a half-rewritten one, in one line"
+    import bppo_kit.api as api
+    from bppo_kit.cli import cmd_train
+    def stopped(self, **kw): raise KeyboardInterrupt
+    monkeypatch.setattr(api.RLTrainer, "train", stopped)
+    cfg = get_config("cpu-demo", overrides=[f"train.out={tmp_path}"])
+    args = type("Args", (), dict(resume=False, quiet=True, overwrite=False))()
+    said = lambda: (cmd_train(args, cfg), capsys.readouterr().err.strip().splitlines()[-1])
+    assert said() == (130, "bppo: interrupted; no checkpoint was saved")
+    m, tok, opt = trained()
+    ckpt = save_checkpoint(tmp_path, m, tok, opt, 4)
+    capsys.readouterr()  # the save's own progress bar
+    assert said() == (130, f"bppo: interrupted; the checkpoint in {ckpt} holds step 4 (continue with --resume)")
+    (ckpt / SAVING).write_text(json.dumps(dict(step=5, previous=4, id="x")))
+    (ckpt / "trainer_state.pt").unlink()  # killed in the middle of a rewrite in place
+    code, line = said()
+    assert code == 130 and "from step 4 to step 5" in line and "cannot be resumed" in line and "\n" not in line
