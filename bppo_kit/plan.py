@@ -389,8 +389,8 @@ class Plan:
         return "\n".join(out + [line("peak", self.peak, f"of {self.gpu_bytes / GIB:.1f} GiB: {verdict}")])
 
 def budget(cfg: Config, a: Arch, gpus: int = 1, gpu_bytes: int = 80 * GIB, shard: str = "ddp",
-           device: str = "cuda") -> tuple[list[Row], dict, dict, str]:
-    "(rows, the two phases' peaks, the update's moments, why the engine cannot start or '') per GPU"
+           device: str = "cuda") -> tuple[list[Row], dict, dict, EngineMemory]:
+    "(rows, the two phases' peaks, the update's moments, what the engine holds) per GPU"
     state = state_rows(cfg, a, gpus, shard)
     upd, moments = update_rows(cfg, a, gpus, shard, device)
     eng, m = engine_rows(cfg, a, gpus, gpu_bytes)
@@ -401,7 +401,7 @@ def budget(cfg: Config, a: Arch, gpus: int = 1, gpu_bytes: int = 80 * GIB, shard
     kept = sum(r.bytes for r in state) - grads + context.bytes
     gathered = sum(r.bytes for r in upd if r.name.startswith("FSDP2"))
     phases = dict(generation=kept + grads + m.generating, update=kept + m.updating + gathered + max(moments.values()))
-    return rows, phases, moments, m.problem  # e.g. vLLM will not start without room for one whole sequence
+    return rows, phases, moments, m
 
 # %% ../nbs/10e_plan.ipynb #7f065f88
 def with_values(cfg: Config, values: dict) -> Config:
@@ -424,15 +424,15 @@ def advise(cfg: Config, a: Arch, gpus: int = 1, gpu_bytes: int = 80 * GIB, shard
            device: str = "cuda") -> str:
     "'' when `cfg` fits; else one line naming the field to change, and a value that fits"
     at = lambda c: budget(c, a, gpus, gpu_bytes, shard, device)
-    _, phases, _, why = at(cfg)
-    if why: return why
+    _, phases, _, eng = at(cfg)
+    if eng.problem: return eng.problem  # e.g. vLLM will not start without room for one whole sequence
     gib = lambda b: f"{b / GIB:.1f} GiB"
     for phase in ("update", "generation"):
         if phases[phase] <= gpu_bytes: continue
         need = f"the {phase} phase needs {gib(phases[phase])} of each GPU's {gib(gpu_bytes)}"
-        for key, v in _tries(cfg, phase, engine_rows(cfg, a, gpus, gpu_bytes)[1]):
-            _, p, _, bad = at(with_values(cfg, {key: v}))
-            if p[phase] <= gpu_bytes and not bad: return f"{key}: {need}; {key}={str(v).lower()} fits"
+        for key, v in _tries(cfg, phase, eng):
+            _, p, _, e = at(with_values(cfg, {key: v}))
+            if p[phase] <= gpu_bytes and not e.problem: return f"{key}: {need}; {key}={str(v).lower()} fits"
         return (f"model.lora_r: {need}, and no single change of the batch, checkpointing, loss path or engine "
                 f"fits; train a LoRA adapter (model.lora_r > 0) or shard over more GPUs (--shard fsdp2)")
     return ""
@@ -451,15 +451,14 @@ def plan(cfg: Config, # the run's validated config
     m = cfg.model
     a = arch_of(hf_config if hf_config is not None else model_config(m.name_or_path), m.lora_r, m.lora_target)
     gpu_bytes = int(gpu_memory_gb * GIB)
-    rows, phases, moments, _ = budget(cfg, a, gpus, gpu_bytes, shard, device)
+    rows, phases, moments, eng = budget(cfg, a, gpus, gpu_bytes, shard, device)
     seq, seqs, B, n = step_sizes(cfg, gpus)
     how = f"{gpus} x {gpu_memory_gb:g} GiB ({shard})" if gpus > 1 else f"1 x {gpu_memory_gb:g} GiB"
     title = (f"{m.name_or_path} on {how}: {seqs} sequences per GPU of up to {cfg.rollout.max_prompt_tokens} prompt "
              f"+ {cfg.rollout.max_new_tokens} new tokens; {n} micro-batches of {B}")
     state = sum(r.bytes for r in state_rows(cfg, a, gpus, shard))
-    at_once = engine_rows(cfg, a, gpus, gpu_bytes)[1].at_once
     return Plan(title, rows, phases, moments, gpu_bytes, advise(cfg, a, gpus, gpu_bytes, shard, device), state, seqs,
-                at_once)
+                eng.at_once)
 
 def check_fits(cfg: Config, gpus: int = 1, gpu_memory_gb: float = 80, shard: str = "ddp",
                hf_config=None) -> Plan: # e.g. a loaded model's `config`; None: from `model.name_or_path`
