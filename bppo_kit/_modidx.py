@@ -120,6 +120,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                'bppo_kit.core.EngineCaps': ('core.html#enginecaps', 'bppo_kit/core.py'),
                                'bppo_kit.core.EngineCaps.missing': ('core.html#enginecaps.missing', 'bppo_kit/core.py'),
                                'bppo_kit.core.EngineMemory': ('core.html#enginememory', 'bppo_kit/core.py'),
+                               'bppo_kit.core.EngineMemory.kv_cache': ('core.html#enginememory.kv_cache', 'bppo_kit/core.py'),
                                'bppo_kit.core.Request': ('core.html#request', 'bppo_kit/core.py'),
                                'bppo_kit.core.Rollout': ('core.html#rollout', 'bppo_kit/core.py'),
                                'bppo_kit.core.Rollout.__post_init__': ('core.html#rollout.__post_init__', 'bppo_kit/core.py'),

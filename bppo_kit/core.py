@@ -223,6 +223,14 @@ class EngineMemory:
     knobs: list = field(default_factory=list)  # (config field, value) that shrink `generating`, least costly first
     problem: str = ""  # one line naming the field, when the engine cannot start at all
 
+    @classmethod
+    def kv_cache(cls, what: str, rows: int, seq_tokens: int, kv_per_token: int, # a cache of `rows` sequences
+                 kept: bool, knobs=()) -> EngineMemory: # kept through the update, or freed when generation ends
+        "An engine whose memory is one KV cache"
+        kv = rows * seq_tokens * kv_per_token
+        note = f"{rows} rows x {seq_tokens} tokens; " + ("kept through the update" if kept else "freed after generate")
+        return cls(kv, kv if kept else 0, rows, [(what, kv, note)], list(knobs))
+
 # %% ../nbs/03c_core.ipynb #f3d8cf98
 class Engine:
     "What the trainer, the sampler and the algorithms ask of a rollout engine; capabilities in `caps`"

@@ -58,9 +58,7 @@ class HFEngine(Engine):
     def memory(cls, cfg, seqs: int, seq_tokens: int, kv_per_token: int, weight_bytes: int,
                gpu_bytes: int) -> EngineMemory:
         "A KV cache for one `generate` batch, freed when it returns (the memory planner)"
-        rows = min(cls.MAX_BATCH, seqs)
-        kv = rows * seq_tokens * kv_per_token
-        return EngineMemory(kv, 0, rows, [("hf engine KV cache", kv, f"{rows} rows x {seq_tokens}; freed after")])
+        return EngineMemory.kv_cache("hf engine KV cache", min(cls.MAX_BATCH, seqs), seq_tokens, kv_per_token, False)
 
     @torch.no_grad()
     def generate(self, prompts: list[str | list[int]], # text, or token ids (the trainer's: `prompt_ids`)
@@ -488,10 +486,9 @@ class KitEngine(Engine):
     def memory(cls, cfg, seqs: int, seq_tokens: int, kv_per_token: int, weight_bytes: int,
                gpu_bytes: int) -> EngineMemory:
         "Its slot cache, kept from one call to the next (the memory planner); fewer slots shrink it"
-        slots = min(cfg.rollout.max_slots, seqs)
-        kv = slots * seq_tokens * kv_per_token
         fewer = [("rollout.max_slots", s) for s in range(cfg.rollout.max_slots - 1, 0, -1)]
-        return EngineMemory(kv, kv, slots, [("kit engine KV cache", kv, f"{slots} slots x {seq_tokens}; kept")], fewer)
+        return EngineMemory.kv_cache("kit engine KV cache", min(cfg.rollout.max_slots, seqs), seq_tokens, kv_per_token,
+                                     True, fewer)
 
     @torch.no_grad()
     def run(self, requests: list[Request], sampling: SamplingParams | None = None,
