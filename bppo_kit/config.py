@@ -43,6 +43,10 @@ class DataConfig:
     # plain: the prompt text as it is (base models); chat: the tokenizer's chat template (instruct models)
     prompt_format: str = param("plain", choices=["plain", "chat"])
     system_prompt: str = ""  # system message of prompts that bring none; "" = none (plain: text before the prompt)
+    # synthetic task: 0 = chains of 2 or 3 operations (the shipped task); > 0 = chain lengths with a heavy tail,
+    # P(n > k) = (k/2)^-ops_tail for 2 <= n <= max_ops, so response lengths have a tail (the `cpu-tail` preset)
+    ops_tail: float = param(0.0, ge=0)
+    max_ops: int = param(40, ge=2)  # the longest chain of the tail variant
 
 @dataclass
 class RolloutConfig:
@@ -101,6 +105,19 @@ class AlgoConfig:
     adv_clamp: float = param(5.0, gt=0)  # T-PPO/PPO: whitened advantages clamped to +-this
     value_lr: float = param(5e-4, gt=0)  # T-PPO/PPO: the value model's AdamW learning rate
     value_warmup: int = param(0, ge=0)  # T-PPO/PPO: the first steps train only the critic (no policy update)
+    # T-PPO/PPO: weight of the NLL of every token of finished correct responses, added to the policy loss (the recipe's
+    # positive-example LM loss: 0.1)
+    lm_loss_weight: float = param(0.0, ge=0)
+    # T-PPO/PPO: generate a window for `oversample` x the batch, then train a batch's worth: groups whose finished
+    # members scored differently first, then groups with unfinished members, then uniform groups (the recipe's
+    # prioritized subset); unfinished entries left out wait in the pool, finished ones are dropped. 1 = train all
+    oversample: float = param(1.0, ge=1)
+    # T-PPO: the last `exclude_last` tokens of an unfinished window: defer = trained a step later (carried);
+    # mask = zero advantage, never trained (the recipe)
+    filter_mode: str = param("defer", choices=["defer", "mask"])
+    # T-PPO/PPO advantage whitening: all = one mean and std over every trained token (the recipe); split = finished
+    # and unfinished rows each over their own; scale = divided by the std, not centered
+    whiten: str = param("all", choices=["all", "split", "scale"])
     value_epochs: int = param(1, ge=1)  # T-PPO/PPO: critic optimizer steps on each step's finished responses
     # T-PPO/PPO: mixed = a group whose finished responses all scored the same (at least filter_min of them) trains
     # no policy tokens: unfinished members wait, untrained, for a different score; finished ones are left out
@@ -132,6 +149,10 @@ class TrainConfig:
     eval_subset: int = param(0, ge=0)
     # none | tensorboard | trackio | wandb, comma-separated: trackers that also get every logged row (tracking lesson)
     report_to: str = "none"
+    # stop when the run's total of `budget_unit` reaches `budget` (train.steps stays the cap); 0 = run train.steps.
+    # `bppo compare --budget` gives every variant the baseline's cost this way
+    budget: float = param(0.0, ge=0)
+    budget_unit: str = param("decode_steps", choices=["decode_steps", "generated_tokens", "wall_s"])
 
 @dataclass
 class SFTConfig:
@@ -148,6 +169,9 @@ class SFTConfig:
     num_heads: int = param(4, ge=1)
     intermediate_size: int = param(512, ge=8)
     seed: int = param(0, ge=0, lt=2**32)  # seeds init and the problem stream
+    # "" = a new model from scratch (the sizes above); else a checkpoint to fine-tune ("tiny", a folder)
+    init: str = ""
+    max_positions: int = param(512, ge=16)  # the model's context (prompt + response), raised on a checkpoint if lower
     out: str = "data/tiny_policy"  # where the checkpoint goes
 
 # %% ../nbs/00_config.ipynb #b3d25c55
