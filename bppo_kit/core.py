@@ -89,6 +89,8 @@ class TrainItem:
     sample_logprobs: list[float] | None = None
     # the first `carried` trained tokens were sampled in an earlier step (T-PPO): old log-probs = sampling ones
     carried: int = 0
+    # weight of the NLL of every completion token (T-PPO's positive-example LM loss, the update lesson); 0 = none
+    lm_weight: float = 0.0
 
 # %% ../nbs/03c_core.ipynb #d259983d
 def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim=None) -> torch.Tensor:

@@ -117,12 +117,13 @@ def tppo_token_mask(mask: torch.Tensor, # [B, T] bool, real tokens, left-aligned
 def whiten_clamp(adv: torch.Tensor, # [B, T] advantages
                  mask: torch.Tensor, # [B, T] bool, tokens the statistics are taken over
                  clamp: float = 5.0, # bound on |whitened advantage|
-                 eps: float = 1e-8) -> torch.Tensor:
+                 eps: float = 1e-8,
+                 center: bool = True) -> torch.Tensor: # False: divided by the std only, the mean kept
     "Advantages [B, T] whitened over `mask` (mean 0, std 1) and clamped to ±`clamp`; 0 where masked"
     m = mask.bool()
     mu = masked_mean(adv, m)
     sd = masked_mean((adv - mu) ** 2, m).sqrt()
-    return torch.where(m, ((adv - mu) / (sd + eps)).clamp(-clamp, clamp), 0.)
+    return torch.where(m, ((adv - mu * center) / (sd + eps)).clamp(-clamp, clamp), 0.)
 
 # %% ../nbs/08_egae.ipynb #450364c6
 def explained_variance(values: torch.Tensor, # [B, T] value predictions

@@ -17,7 +17,7 @@ from .policy import autocast, pack, token_logprobs
 from .sampler import records_logprobs
 
 # %% auto #0
-__all__ = ['forward_logprobs', 'MicroBatch', 'micro_batch_tensors', 'trainable', 'head_problem', 'check_fused_head',
+__all__ = ['forward_logprobs', 'MicroBatch', 'micro_batch_tensors', 'trainable', 'lm_weights', 'head_problem', 'check_fused_head',
            'compute_dtype', 'head_inputs', 'kernel_logprobs', 'kernel_loss', 'tis_weights', 'active_tis_cap',
            'sampler_kl', 'micro_batch_loss', 'policy_logprobs', 'zero_loss', 'update_epoch', 'update']
 
@@ -63,9 +63,16 @@ def micro_batch_tensors(items: list[TrainItem], pad_id: int, device=None) -> Mic
     return MicroBatch(batch, mask, adv, sample, carried)
 
 def trainable(items: list[TrainItem], with_kl: bool = False) -> list[TrainItem]:
-    "The items that can carry a gradient: some tokens to train, and a non-zero advantage (or a KL term)"
-    return [it for it in items
-            if it.n_train > it.start and (it.advantage != 0.0 or it.token_adv is not None or with_kl)]
+    "The items that can carry a gradient: some tokens to train and a non-zero advantage (or a KL term); or an LM term"
+    return [it for it in items if it.lm_weight > 0
+            or (it.n_train > it.start and (it.advantage != 0.0 or it.token_adv is not None or with_kl))]
+
+def lm_weights(items: list[TrainItem], mb: MicroBatch, n_lm: int) -> torch.Tensor | None:
+    "Per-token weights [B, C] of the LM loss: `lm_weight / n_lm` on every completion token of items with one; else None"
+    if not any(it.lm_weight > 0 for it in items): return None
+    w = torch.zeros(mb.mask.shape, device=mb.mask.device)
+    for j, it in enumerate(items): w[j, :len(it.completion_ids)] = it.lm_weight / max(n_lm, 1)
+    return w
 
 # %% ../nbs/10b_update.ipynb #68f30b4b
 def head_problem(model) -> str | None:
@@ -139,14 +146,16 @@ def sampler_kl(old_logp: torch.Tensor, sample_logp: torch.Tensor) -> torch.Tenso
 # %% ../nbs/10b_update.ipynb #9d7d0838
 def micro_batch_loss(model, batch: dict, mask: torch.Tensor, adv: torch.Tensor, weights: torch.Tensor,
                      old_logp: torch.Tensor | None, ref_logp: torch.Tensor | None, cfg: Config, surrogate,
-                     sample_logp: torch.Tensor | None = None, carried: torch.Tensor | None = None) -> tuple:
-    "(loss, clipped [B, C], kl [B, C], entropy summed over trained tokens, old log-probs [B, C]) of one micro-batch"
+                     sample_logp: torch.Tensor | None = None, carried: torch.Tensor | None = None,
+                     lm: torch.Tensor | None = None) -> tuple: # `lm_weights`, or None
+    "(loss, clipped [B, C], kl [B, C], entropy over trained tokens, old log-probs [B, C], LM term) of a micro-batch"
     cap = active_tis_cap(cfg)
     tis = partial(tis_weights, sample_logp=sample_logp, cap=cap) if sample_logp is not None and cap > 0 else None
     fix_old = (lambda old: torch.where(carried, sample_logp, old)) if carried is not None else None
     if cfg.train.loss_kernel != "naive":
+        if lm is not None: raise ValueError("the LM loss (TrainItem.lm_weight) needs train.loss_kernel=naive")
         loss, clipped, old = kernel_loss(model, batch, mask, adv, weights, old_logp, cfg, tis, fix_old)
-        return loss, clipped, torch.zeros_like(weights), float("nan"), old
+        return loss, clipped, torch.zeros_like(weights), float("nan"), old, 0.0
     logp, ent = forward_logprobs(model, batch, cfg.rollout.temperature)
     old = old_logp if old_logp is not None else logp.detach()
     if fix_old is not None: old = fix_old(old)
@@ -154,7 +163,9 @@ def micro_batch_loss(model, batch: dict, mask: torch.Tensor, adv: torch.Tensor, 
     if tis is not None: tok_loss = tok_loss * tis(old)
     kl = k3_kl(logp, ref_logp) if ref_logp is not None else torch.zeros_like(logp)
     loss = ((tok_loss + cfg.algo.beta * kl) * weights).sum()
-    return loss, clipped, kl.detach(), (ent * mask).sum().item(), old
+    lm_term = -(logp * lm).sum() if lm is not None else None  # the NLL of the LM tokens, weighted
+    if lm_term is not None: loss = loss + lm_term
+    return loss, clipped, kl.detach(), (ent * mask).sum().item(), old, lm_term.item() if lm_term is not None else 0.0
 
 # %% ../nbs/10b_update.ipynb #8c591b2c
 @torch.no_grad()
@@ -171,20 +182,20 @@ def zero_loss(model, pad_id: int, dev) -> torch.Tensor:
     return model(input_ids=torch.full((1, 1), pad_id, device=dev), use_cache=False).logits.float().sum() * 0.0
 
 def update_epoch(model, batches: list[MicroBatch], old: list, ref: list, cfg: Config, surrogate, n_seqs: int,
-                 n_tokens: int, dist: Dist, pad_id: int, dev, rounds: int) -> dict:
+                 n_tokens: int, dist: Dist, pad_id: int, dev, rounds: int, lms: list | None = None) -> dict:
     "One epoch: `rounds` backward passes (this process's micro-batches, then zero ones), all-reduced after the last"
-    tot = dict(loss=0.0, clip=0.0, kl=0.0, ent=0.0, tok=0, skl=0.0, capped=0.0)
-    cap = active_tis_cap(cfg)
+    tot = dict(loss=0.0, clip=0.0, kl=0.0, ent=0.0, tok=0, skl=0.0, capped=0.0, lm=0.0)
+    cap, none = active_tis_cap(cfg), [None] * len(batches)
     for i, last in dist.passes(model, len(batches), lambda: zero_loss(model, pad_id, dev), rounds):
         (batch, mask, adv, sample, carried), old_lp, ref_lp = batches[i], old[i], ref[i]
         weights = token_weights(mask, cfg.algo.reduction, n_seqs, n_tokens, cfg.rollout.max_new_tokens)
         with dist.sync_if(model, last=last):
             with autocast(cfg.model.dtype, dev):
-                loss, clipped, kl, ent, o = micro_batch_loss(model, batch, mask, adv, weights, old_lp, ref_lp, cfg,
-                                                             surrogate, sample, carried)
+                loss, clipped, kl, ent, o, lm = micro_batch_loss(model, batch, mask, adv, weights, old_lp, ref_lp,
+                                                                 cfg, surrogate, sample, carried, (lms or none)[i])
             dist.backward(loss)  # outside autocast, as PyTorch recommends
         mf = mask.float()
-        tot["loss"] += loss.item(); tot["tok"] += int(mf.sum())
+        tot["loss"] += loss.item(); tot["tok"] += int(mf.sum()); tot["lm"] += lm
         tot["clip"] += (clipped.float() * mf).sum().item(); tot["kl"] += (kl * mf).sum().item(); tot["ent"] += ent
         if sample is not None:
             tot["skl"] += (sampler_kl(o, sample) * mf).sum().item()
@@ -199,8 +210,9 @@ def update(model, opt, items: list[TrainItem], cfg: Config, pad_id: int, ref_mod
     with_kl = ref_model is not None and ac.beta > 0
     live = trainable(items, with_kl)
     # the denominators count every item, of every process
-    n_tokens, n_seqs, n_live = (int(x) for x in dist.sum([sum(max(0, it.n_train - it.start) for it in items),
-                                                          sum(it.n_train > it.start for it in items), len(live)]))
+    n_tokens, n_seqs, n_live, n_lm = (int(x) for x in dist.sum([
+        sum(max(0, it.n_train - it.start) for it in items), sum(it.n_train > it.start for it in items), len(live),
+        sum(len(it.completion_ids) for it in items if it.lm_weight > 0)]))  # the LM loss: a mean over its tokens
     mets = dict(trained_tokens=0, clip_frac=0.0, kl=0.0, entropy=0.0, grad_norm=0.0, grad_clipped=0.0, skipped=0,
                 loss=0.0)
     if not n_live: return mets
@@ -209,6 +221,7 @@ def update(model, opt, items: list[TrainItem], cfg: Config, pad_id: int, ref_mod
     batches = [micro_batch_tensors(live[i:i + tc.micro_batch], pad_id, dev)
                for i in range(0, len(live), tc.micro_batch)]
     none, rounds = [None] * len(batches), dist.max(len(batches))
+    lms = [lm_weights(live[i * tc.micro_batch:(i + 1) * tc.micro_batch], mb, n_lm) for i, mb in enumerate(batches)]
     old = [policy_logprobs(model, mb.batch, mb.mask, cfg) for mb in batches] if tc.mu > 1 else none
     if tc.mu > 1:  # the forwards other processes make, matched (FSDP2)
         with torch.no_grad(): [zero_loss(model, pad_id, dev) for _ in range(rounds - len(batches))]
@@ -217,7 +230,8 @@ def update(model, opt, items: list[TrainItem], cfg: Config, pad_id: int, ref_mod
     model.train()
     for _ in range(tc.mu):
         opt.zero_grad(set_to_none=True)
-        tot = update_epoch(model, batches, old, ref, cfg, surrogate, n_seqs, n_tokens, dist, pad_id, dev, rounds)
+        tot = update_epoch(model, batches, old, ref, cfg, surrogate, n_seqs, n_tokens, dist, pad_id, dev, rounds,
+                           lms)
         tot = dict(zip(tot, dist.sum(list(tot.values()))))  # over every process
         grad_norm = dist.clip_grad_norm_(model.parameters(), tc.grad_clip)
         if not (math.isfinite(tot["loss"]) and torch.isfinite(grad_norm)):
@@ -229,6 +243,7 @@ def update(model, opt, items: list[TrainItem], cfg: Config, pad_id: int, ref_mod
         # grad_norm is the norm before clipping; grad_clipped says whether `grad_clip` cut it (the clip rate's terms)
         mets.update(loss=tot["loss"], grad_norm=grad_norm.item(), grad_clipped=float(grad_norm.item() > tc.grad_clip),
                     clip_frac=tot["clip"] / n, kl=tot["kl"] / n, entropy=ent if math.isfinite(ent) else None)
+        if n_lm: mets.update(lm_loss=tot["lm"], lm_tokens=n_lm)  # the weighted NLL term, and its tokens
         if with_sample: mets.update(sampler_kl=tot["skl"] / n, tis_capped=tot["capped"] / n if cap > 0 else None)
     model.eval()
     return mets
