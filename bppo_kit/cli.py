@@ -16,7 +16,7 @@ from .policy import load_policy
 from .rollout import SamplingParams
 
 # %% auto #0
-__all__ = ['COMMANDS', 'seed_everything', 'cmd_eval', 'cmd_sft', 'cmd_train', 'cmd_compare', 'cmd_probe', 'cmd_plot', 'cmd_plan',
+__all__ = ['COMMANDS', 'seed_everything', 'cmd_eval', 'cmd_sft', 'cmd_train', 'cmd_probe', 'cmd_plot', 'cmd_compare', 'cmd_plan',
            'load_plugin', 'build_parser', 'shorthand_overrides', 'cmd_launch', 'main']
 
 # %% ../nbs/12_cli.ipynb #5b7f3859
@@ -73,15 +73,9 @@ def cmd_train(args, cfg: Config) -> int:
               f"{b['greedy_accuracy']:.3f}   response tokens {a['mean_response_tokens']:.1f} -> "
               f"{b['mean_response_tokens']:.1f}"
               f"   {s['seconds']:.0f} s")
+    if s["stopped"] == "budget":
+        print(f"stopped on its budget after {s['steps']} steps: {s['spent']:g} {cfg.train.budget_unit}")
     print(f"run folder {s['run_dir']}  (metrics.jsonl, eval.jsonl, checkpoint/, {png.name})")
-    return 0
-
-def cmd_compare(args, cfg: Config) -> int:
-    from bppo_kit.compare import compare
-    seeds = list(range(args.seeds))
-    compare(cfg, [a.strip() for a in args.algos.split(",") if a.strip()], seeds, args.out, progress=not args.quiet,
-            tolerance=args.tolerance / 100)
-    print((Path(args.out) / "report.md").read_text())
     return 0
 
 def cmd_probe(args, cfg: Config) -> int:
@@ -107,6 +101,21 @@ def cmd_plot(args, cfg: Config) -> int:
     for r in args.runs:
         if not (Path(r) / "metrics.jsonl").is_file(): raise DataError(f"no metrics.jsonl in {r}")
     print(plot_run(args.runs, args.png))
+    return 0
+
+# %% ../nbs/12_cli.ipynb #a43355f3
+def cmd_compare(args, cfg: Config) -> int:
+    "`compare` of `--algos` over `--seeds` (with `--budget`: at the baseline's cost); prints `report.md`"
+    from bppo_kit.compare import BUDGET_UNITS, compare
+    if args.budget is not None and args.budget not in BUDGET_UNITS:
+        raise ConfigError(f"--budget: must be one of {', '.join(BUDGET_UNITS)}; got {args.budget!r}")
+    if args.max_steps is not None and args.budget is None:
+        raise ConfigError("--max-steps: caps the runs on a budget; give --budget UNIT too")
+    if args.max_steps is not None and args.max_steps < 1: raise ConfigError("--max-steps: must be >= 1")
+    seeds = list(range(args.seeds))
+    compare(cfg, [a.strip() for a in args.algos.split(",") if a.strip()], seeds, args.out, progress=not args.quiet,
+            tolerance=args.tolerance / 100, budget=args.budget, max_steps=args.max_steps)
+    print((Path(args.out) / "report.md").read_text())
     return 0
 
 # %% ../nbs/12_cli.ipynb #ea38adb8
@@ -176,6 +185,11 @@ def build_parser() -> argparse.ArgumentParser:
     cp.add_argument("--out", default="runs/compare", help="the comparison folder")
     cp.add_argument("--tolerance", type=float, default=1.0,
                     help="points below the baseline's final accuracy that count as reaching it (time to target)")
+    cp.add_argument("--budget", metavar="UNIT", help="equal cost: the baseline (first of --algos) runs its --steps; "
+                    "then each other variant runs until it has spent as much UNIT as the baseline on the same seed: "
+                    "decode_steps (decoding passes, a GPU's cost), generated_tokens or wall_s")
+    cp.add_argument("--max-steps", type=int,
+                    help="with --budget: the most steps another variant may take (default: 10x the baseline's)")
     pr = sub.add_parser("probe", help="gradient similarity of same-label vs cross-label completions (BPPO's premise)")
     _common(pr)
     pr.add_argument("--checkpoint", help="a checkpoint folder or hub id (default: the config's model)")

@@ -5,19 +5,26 @@
 # %% ../nbs/11b_compare.ipynb #f8a93ef6
 from __future__ import annotations
 import json, statistics
+from dataclasses import fields
 from pathlib import Path
 from matplotlib.figure import Figure
-from .config import Config, ConfigError, apply_overrides, from_dict, to_dict
+from .config import Config, ConfigError, TrainConfig, apply_overrides, from_dict, load_config, to_dict
 from .runs import read_jsonl_rows
+from .trainer import end_of_run, run_cost
 from .api import RLTrainer
 
 # %% auto #0
-__all__ = ['VARIANTS', 'variant_config', 'run_summary', 'aggregate', 'compare_figure', 'cost_table', 'baseline_target',
-           'write_report', 'compare']
+__all__ = ['VARIANTS', 'BUDGET_UNITS', 'EQUAL_COST', 'variant_config', 'budget_config', 'run_status', 'run_summary', 'aggregate',
+           'compare_figure', 'cost_table', 'baseline_target', 'equal_cost_table', 'equal_cost_figure', 'write_report',
+           'compare']
 
 # %% ../nbs/11b_compare.ipynb #9c5dd79d
 # the progress budget, sooner and tighter: from 10% of training, 1.1x the recent correct lengths' 90th percentile
 _FOCUS = ["algo.budget=progress", "algo.budget_explore=0.1", "algo.budget_slack=0"]
+# T-PPO's recipe: 10 critic-only warm-up steps, the positive-example LM loss, a prioritized half of a 2x window,
+# the last tokens of unfinished windows masked (never trained)
+_RECIPE = ["algo.name=tppo", "algo.value_warmup=10", "algo.lm_loss_weight=0.1", "algo.oversample=2",
+           "algo.filter_mode=mask"]
 VARIANTS = {
     "grpo": ["algo.name=grpo", "algo.reduction=token"],
     "grpo_seq": ["algo.name=grpo", "algo.reduction=seq"],
@@ -32,13 +39,23 @@ VARIANTS = {
     "bppo_full_focus": ["algo.name=bppo", "algo.prefix_mode=full", *_FOCUS],  # selection only on the same budget
     "prefix_only": ["algo.name=bppo", "algo.select=all"],  # every completion, each cut to its group's pair length
     "ppo": ["algo.name=ppo", "rollout.window=0"],  # PPO with a value model, whole responses
-    "tppo": ["algo.name=tppo", "rollout.window=32"],  # T-PPO: 32-token windows, EGAE
-    "tppo_filter": ["algo.name=tppo", "rollout.window=32", "algo.group_filter=mixed"],  # + the group filter
+    "tppo": ["algo.name=tppo"],  # T-PPO: the preset's windows (cpu-demo: 32 tokens), EGAE
+    "tppo_filter": ["algo.name=tppo", "algo.group_filter=mixed"],  # + the group filter
     # a critic given more: 10 warm-up steps (critic only, as the paper) and 4 optimizer steps a step
-    "tppo_critic": ["algo.name=tppo", "rollout.window=32", "algo.value_warmup=10", "algo.value_epochs=4"],
+    "tppo_critic": ["algo.name=tppo", "algo.value_warmup=10", "algo.value_epochs=4"],
     # unfinished windows train nothing: each response trains whole (carried) once it finishes: PPO's advantages,
     # T-PPO's generation (the ablation that isolates what EGAE's bootstraps on unfinished windows do)
-    "tppo_defer": ["algo.name=tppo", "rollout.window=32", "algo.exclude_last=4096"],
+    "tppo_defer": ["algo.name=tppo", "algo.exclude_last=4096"],
+    "tppo_recipe": _RECIPE,
+    # the recipe with one thing changed
+    "tppo_recipe_nowarm": [*_RECIPE, "algo.value_warmup=0"],  # no critic warm-up
+    "tppo_recipe_nolm": [*_RECIPE, "algo.lm_loss_weight=0"],  # no positive-example LM loss
+    "tppo_recipe_noprio": [*_RECIPE, "algo.oversample=1"],  # no prioritized subset: every window trains
+    "tppo_recipe_defer": [*_RECIPE, "algo.filter_mode=defer"],  # unfinished windows' last tokens trained a step later
+    "tppo_recipe_split": [*_RECIPE, "algo.whiten=split"],  # finished and unfinished rows whitened apart
+    "tppo_recipe_scale": [*_RECIPE, "algo.whiten=scale"],  # advantages scaled, not centered
+    # PPO with the recipe's critic warm-up and LM loss: whole responses, no windows
+    "ppo_recipe": ["algo.name=ppo", "rollout.window=0", "algo.value_warmup=10", "algo.lm_loss_weight=0.1"],
 }
 
 def variant_config(base: Config, name: str, seed: int, out: Path) -> Config:
@@ -50,6 +67,30 @@ def variant_config(base: Config, name: str, seed: int, out: Path) -> Config:
     c = from_dict(to_dict(base))  # a copy: the base stays as it was
     return apply_overrides(c, VARIANTS[kind] + ([f"train.steps={steps}"] if at else [])
                            + [f"train.seed={seed}", f"data.seed={seed}", f"train.out={out / f'{name}-s{seed}'}"])
+
+# %% ../nbs/11b_compare.ipynb #2ad91b8d
+BUDGET_UNITS = next(f.metadata["choices"] for f in fields(TrainConfig) if f.name == "budget_unit")
+
+def budget_config(c: Config, unit: str, # a name in `BUDGET_UNITS`
+                  total: float, # the baseline's total of `unit` for the same seed
+                  cap: int) -> Config: # the most steps it may take
+    "`c` on the baseline's budget: it stops once its total of `unit` reaches `total`, or after `cap` steps"
+    if unit not in BUDGET_UNITS: raise ConfigError(f"budget: must be one of {', '.join(BUDGET_UNITS)}; got {unit!r}")
+    return apply_overrides(from_dict(to_dict(c)), [f"train.budget={total!r}", f"train.budget_unit={unit}",
+                                                   f"train.steps={cap}"])
+
+# %% ../nbs/11b_compare.ipynb #fa1677ba
+def run_status(run: Path, cfg: Config) -> str:
+    "What `compare` does with run folder `run` for `cfg`: 'finished' (skip it), 'resume' or 'fresh'"
+    spec = lambda t: (t.budget, t.budget_unit) if t.budget else None
+    if (run / "config.yaml").exists() and spec(load_config(run / "config.yaml").train) != spec(cfg.train):
+        return "fresh"  # a run on another budget is not this one
+    m = read_jsonl_rows(run / "metrics.jsonl")
+    done = m[-1]["step"] + 1 if m else 0
+    spent = run_cost(m, cfg.train.budget_unit) if cfg.train.budget else 0.0
+    if end_of_run(cfg.train, done, spent) and any(e["step"] == done for e in read_jsonl_rows(run / "eval.jsonl")):
+        return "finished"
+    return "resume" if (run / "checkpoint" / "trainer_state.pt").exists() else "fresh"
 
 # %% ../nbs/11b_compare.ipynb #fa4979fd
 def _med(xs): return statistics.median(xs) if xs else None
@@ -81,7 +122,7 @@ def run_summary(run: Path, target: float | None = None, # the full evaluations' 
     hit_step = hit_row["step"] if hit_row else None
     hit = wall[hit_step] if hit_step is not None else None
     costs = {}
-    for k in ("decode_steps", "row_steps"):
+    for k in ("decode_steps", "row_steps", "generated_tokens"):
         c = _cumulative(m, k)
         if c is not None: costs.update({k: c[-1], f"{k}_to_target": c[hit_step] if hit_step is not None else None})
     last = e[-1] if e else {}
@@ -90,7 +131,8 @@ def run_summary(run: Path, target: float | None = None, # the full evaluations' 
                 final_tokens=last.get("mean_response_tokens"), first_accuracy=e[0]["accuracy"] if e else None,
                 step_s=_med([r["wall_s"] for r in body]), rollout_s=_med([r["rollout_s"] for r in body]),
                 update_s=_med([r["update_s"] for r in body]), trained_tokens=_med([r["trained_tokens"] for r in body]),
-                generated_tokens=_med([r["generated_tokens"] for r in body]), train_wall_s=round(wall[-1], 1),
+                generated_tokens_per_step=_med([r["generated_tokens"] for r in body]),
+                train_wall_s=round(wall[-1], 1),
                 time_to_target_s=hit, steps=len(m), **costs, step_at_target=hit_step,
                 tokens_at_target=hit_row.get("mean_response_tokens") if hit_row else None,
                 grad_norm=_med([r["grad_norm"] for r in trained if r.get("grad_norm") is not None]),
@@ -161,10 +203,81 @@ def baseline_target(runs: dict[str, list[Path]], tolerance: float = 0.01,
     finals = [f for f in finals if f is not None]
     return statistics.fmean(finals) - tolerance if finals else None
 
+# %% ../nbs/11b_compare.ipynb #fe3561a1
+# (the budget's unit, its key in `run_summary`, the key of its cost to the target)
+EQUAL_COST = [("decode_steps", "decode_steps", "decode_steps_to_target"),
+              ("generated_tokens", "generated_tokens", "generated_tokens_to_target"),
+              ("wall_s", "train_wall_s", "time_to_target_s")]
+
+def _reached_cell(runs: list[dict], target: float | None) -> str:
+    "Did a variant's runs reach `target`; for those that did not, how far below it their final accuracy ended"
+    missed = [r for r in runs if r.get("step_at_target") is None]
+    if target is None: return "–"
+    if not missed: return "yes" if len(runs) == 1 else f"all {len(runs)} seeds"
+    gaps = [100 * (target - r["final_accuracy"]) for r in missed if r.get("final_accuracy") is not None]
+    below = f"ended {statistics.fmean(gaps):.1f} pts below" if gaps else "not evaluated"
+    if len(missed) == len(runs): return f"never: {below}"
+    return f"{len(runs) - len(missed)} of {len(runs)} seeds; the others {below}"
+
+def equal_cost_table(per: dict[str, list[dict]], # variant -> its runs' `run_summary`; the first is the baseline
+                     target: float | None, unit: str) -> list[str]: # the target accuracy; the budget's unit
+    "Markdown lines: each variant's accuracy at the baseline's budget of `unit`, its steps, costs and cost to target"
+    agg = {n: aggregate(rs) for n, rs in per.items()}
+    base, key = next(iter(per)), next(k for u, k, _ in EQUAL_COST if u == unit)
+    lines = [f"## Equal cost: {unit.replace('_', ' ')}", "",
+             f"Every variant ran until it had spent {base}'s total {unit.replace('_', ' ')} for the same seed "
+             f"(mean {_fmt(agg[base], key)}), or its cap on steps; its final evaluation is its accuracy at that cost. "
+             "To target: its cost until an evaluation first reached the target.", "",
+             "![equal cost](equal_cost.png)", "",
+             "| variant | accuracy at the budget % | steps | decode steps | generated tokens | wall s | reached target "
+             "| decode steps to target | generated tokens to target | wall s to target "
+             f"| to target vs {base}: decode steps / tokens / wall |", "|---" * 11 + "|"]
+    for n, a in agg.items():
+        never = all(r.get("step_at_target") is None for r in per[n])
+        to = " | ".join("never" if never else _fmt(a, k) for _, _, k in EQUAL_COST)
+        ratios = " / ".join("never" if never else _ratio(agg, base, n, k) for _, _, k in EQUAL_COST)
+        lines.append(f"| {n} | {_fmt(a, 'final_accuracy', True)} | {_fmt(a, 'steps')} | "
+                     + " | ".join(_fmt(a, k) for _, k, _ in EQUAL_COST)
+                     + f" | {_reached_cell(per[n], target)} | {to} | {ratios} |")
+    return lines
+
+# %% ../nbs/11b_compare.ipynb #37cf4643
+def equal_cost_figure(runs: dict[str, list[Path]], # variant -> its run folders; the first is the baseline
+                      unit: str, target: float | None = None) -> Figure: # the budget's unit; the target accuracy
+    "Eval accuracy against each run's running total of `unit`, with the baseline's mean total and the target"
+    fig = Figure(figsize=(7, 4))
+    ax = fig.subplots()
+    budgets = []
+    for i, (name, paths) in enumerate(runs.items()):
+        for j, p in enumerate(paths):
+            m, e = read_jsonl_rows(p / "metrics.jsonl"), read_jsonl_rows(p / "eval.jsonl")
+            spent = _cumulative(m, unit)
+            e = [r for r in e if spent is not None and r["step"] < len(spent)]
+            if not e: continue
+            if i == 0: budgets.append(spent[-1])
+            full = max(r.get("problems") or 0 for r in e)
+            # the full evaluations joined by a line; the cheap subset ones (other problems) as open dots
+            for sub in (False, True):
+                ev = [r for r in e if ((r.get("problems") or full) < full) == sub]
+                ax.plot([spent[r["step"]] for r in ev], [r["accuracy"] for r in ev], "o" if sub else "o-",
+                        mfc="none" if sub else None, color=f"C{i}", alpha=.5 if sub else .8,
+                        label=name if j == 0 and not sub else None)
+    if budgets: ax.axvline(statistics.fmean(budgets), ls="--", color="k", lw=1, label=f"{next(iter(runs))}'s budget")
+    if target is not None: ax.axhline(target, ls=":", color="grey", lw=1, label="target")
+    ax.set_xlabel(f"{unit.replace('_', ' ')}, cumulative")
+    ax.set_ylabel("eval accuracy")
+    ax.set_title(f"accuracy at equal cost ({unit.replace('_', ' ')})", fontsize=9)
+    ax.grid(alpha=.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+# %% ../nbs/11b_compare.ipynb #1f32f61a
 def write_report(out: Path, runs: dict[str, list[Path]], # variant -> its run folders; the first is the baseline
                  target: float | None = None, # the accuracy of time-to-target; None = the baseline's final - tolerance
-                 tolerance: float = 0.01) -> dict:
-    "Summaries, `report.json`, `report.md` and `compare.png` for finished runs"
+                 tolerance: float = 0.01,
+                 budget: str | None = None) -> dict: # the unit the others spent the baseline's total of, if any
+    "Summaries, `report.json`, `report.md` and `compare.png` (with a budget, `equal_cost.png`) for finished runs"
     base = next(iter(runs))
     how = f"the eval accuracy of {target:.3f}" if target is not None else None
     sub = None
@@ -175,14 +288,17 @@ def write_report(out: Path, runs: dict[str, list[Path]], # variant -> its run fo
                     f"{sub:.3f})")
     per = {n: [run_summary(p, target, sub) for p in ps] for n, ps in runs.items()}
     agg = {n: aggregate(rs) for n, rs in per.items()}
+    spent = [run_cost(read_jsonl_rows(p / "metrics.jsonl"), budget) for p in runs[base]] if budget else None
     rep = dict(target_accuracy=target, subset_target_accuracy=sub, baseline=base, variants=agg,
-               runs={n: [str(p) for p in ps] for n, ps in runs.items()}, per_run=per)
+               runs={n: [str(p) for p in ps] for n, ps in runs.items()}, per_run=per,
+               budget=dict(unit=budget, baseline_totals=spent) if budget else None)
     (out / "report.json").write_text(json.dumps(rep, indent=1))
     lines = [f"# Comparison ({len(next(iter(runs.values())))} seed(s); mean ± std over seeds)", "",
-             f"Time to target: training wall time until an evaluation first reached {how}." if how else "", "",
-             "| variant | final acc % | final greedy % | final tokens | step s | update s | trained tokens/step "
-             "| time to target s | slot use | step speed-up vs " + base + " | update speed-up |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             f"Time to target: training wall time until an evaluation first reached {how}." if how else "", ""]
+    if budget: lines += equal_cost_table(per, target, budget) + ["", "## At a glance", ""]
+    lines += ["| variant | final acc % | final greedy % | final tokens | step s | update s | trained tokens/step "
+              "| time to target s | slot use | step speed-up vs " + base + " | update speed-up |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for n, a in agg.items():
         sp = agg[base]["step_s"]["mean"] / a["step_s"]["mean"]
         up = agg[base]["update_s"]["mean"] / a["update_s"]["mean"]
@@ -207,20 +323,34 @@ def write_report(out: Path, runs: dict[str, list[Path]], # variant -> its run fo
     lines += ["", "![comparison](compare.png)", ""]
     (out / "report.md").write_text("\n".join(lines))
     compare_figure(runs).savefig(out / "compare.png", dpi=80)
+    if budget: equal_cost_figure(runs, budget, target).savefig(out / "equal_cost.png", dpi=80)
     return rep
 
+# %% ../nbs/11b_compare.ipynb #0063b572
 def compare(base: Config, # the shared config (steps, eval size, …)
             variants: list[str], # names in `VARIANTS` (`name@steps` for more steps); the first is the baseline
             seeds: list[int], out, # seeds and the comparison folder
-            progress: bool = True, target: float | None = None, tolerance: float = 0.01) -> dict:
-    "Train every variant for every seed, then write the report"
-    out = Path(out); out.mkdir(parents=True, exist_ok=True)
+            progress: bool = True, target: float | None = None, tolerance: float = 0.01,
+            budget: str | None = None, # a unit in `BUDGET_UNITS`: the others run on the baseline's total of it
+            max_steps: int | None = None) -> dict: # with a budget, the others' cap (default: 10x the baseline's steps)
+    "Train every variant for every seed (with a `budget`: the others at the baseline's cost), then write the report"
+    if budget is not None and budget not in BUDGET_UNITS:
+        raise ConfigError(f"budget: must be one of {', '.join(BUDGET_UNITS)}; got {budget!r}")
+    if max_steps is not None and (budget is None or max_steps < 1):
+        raise ConfigError(f"max_steps: the cap of the runs on a budget, at least 1; got {max_steps}"
+                          + ("" if budget else " without a budget"))
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
     cfgs = {(v, s): variant_config(base, v, s, out) for v in variants for s in seeds}  # all configs checked up front
-    for (v, s), c in cfgs.items():
-        run = Path(c.train.out)
-        # finished, final eval included
-        if any(e["step"] == c.train.steps for e in read_jsonl_rows(run / "eval.jsonl")): continue
-        resume = (run / "checkpoint" / "trainer_state.pt").exists()
-        if progress: print(f"== {v} seed {s} -> {run}", flush=True)
-        RLTrainer(args=c).train(resume=resume, overwrite=not resume, progress=progress)
-    return write_report(out, {v: [Path(cfgs[(v, s)].train.out) for s in seeds] for v in variants}, target, tolerance)
+    for (v, s), c in cfgs.items():  # in variant order: the baseline's runs first, since the others' budgets are theirs
+        first = cfgs[(variants[0], s)]
+        if budget is not None and c is not first:
+            spent = run_cost(read_jsonl_rows(Path(first.train.out) / "metrics.jsonl"), budget)
+            c = budget_config(c, budget, spent, c.train.steps if "@" in v else max_steps or 10 * first.train.steps)
+        status = run_status(Path(c.train.out), c)
+        if status == "finished": continue
+        until = f" (until {c.train.budget:g} {budget} or {c.train.steps} steps)" if c.train.budget else ""
+        if progress: print(f"== {v} seed {s} -> {c.train.out}{until}", flush=True)
+        RLTrainer(args=c).train(resume=status == "resume", overwrite=status == "fresh", progress=progress)
+    return write_report(out, {v: [Path(cfgs[(v, s)].train.out) for s in seeds] for v in variants}, target, tolerance,
+                        budget)

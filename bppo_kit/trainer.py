@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from tqdm.auto import tqdm
-from .config import Config, ConfigError
+from .config import Config, ConfigError, TrainConfig
 from .core import Algorithm, Engine, SamplingParams, algorithm_class, engine_caps, engine_class, make_algorithm
 from .distributed import (Dist, checkpoint_states, full_state_dict, init_dist, load_optimizer_state,
                                   reduce_metrics)
@@ -28,7 +28,7 @@ import bppo_kit.bppo, bppo_kit.grpo, bppo_kit.tppo  # noqa: F401 -- the built-in
 # %% auto #0
 __all__ = ['COSTS', 'lr_at', 'device_of', 'Session', 'own_state', 'check_precision', 'check_gpu_memory', 'with_lora',
            'start_policy', 'setup', 'step_costs', 'train_step', 'evaluate_step', 'eval_examples_of', 'check_run',
-           'open_run_on', 'rows_after', 'train']
+           'open_run_on', 'rows_after', 'run_cost', 'end_of_run', 'check_budget', 'RunLog', 'run_steps', 'train']
 
 # %% ../nbs/11_trainer.ipynb #ef0a4107
 def lr_at(step: int, lr: float, warmup_steps: int = 0) -> float:
@@ -239,6 +239,99 @@ def rows_after(dist: Dist, run: RunDir, start: int) -> list[dict]:
     dist.barrier()
     return read_jsonl_rows(run.evals)
 
+# %% ../nbs/11_trainer.ipynb #f3846691
+def run_cost(rows: list[dict], # metric rows, in step order
+             unit: str) -> float: # a field of every row: decode_steps, generated_tokens, wall_s
+    "The total of `unit` over `rows`, one addition a row as the loop adds them; a `ConfigError` if a row lacks it"
+    total = 0.0
+    for r in rows:
+        if r.get(unit) is None:
+            raise ConfigError(f"train.budget_unit: the metrics row of step {r.get('step')} has no {unit} "
+                              "(its engine or algorithm does not count it); budget another unit")
+        total += r[unit]
+    return total
+
+# %% ../nbs/11_trainer.ipynb #ed8f38a2
+def end_of_run(t: TrainConfig, done: int, # steps done
+               spent: float) -> str | None: # the run's total of `t.budget_unit` after them
+    "Why the run ends after `done` steps: 'budget' (its total reached `t.budget`), 'steps' (`t.steps`), or None"
+    if t.budget and spent >= t.budget: return "budget"
+    return "steps" if done >= t.steps else None
+
+# %% ../nbs/11_trainer.ipynb #0ab6b63c
+def check_budget(cfg: Config, engine: Engine):
+    "A `ConfigError` when `train.budget_unit` is a generation cost `engine` does not count (its `stats` lack it)"
+    t = cfg.train
+    if t.budget and t.budget_unit in COSTS and COSTS[t.budget_unit] not in getattr(engine, "stats", {}):
+        raise ConfigError(f"train.budget_unit: the {cfg.rollout.engine} engine does not count {t.budget_unit}; "
+                          "budget generated_tokens or wall_s, or use rollout.engine=kit")
+
+# %% ../nbs/11_trainer.ipynb #8759f07d
+@dataclass
+class RunLog:
+    "A run's rows (rank 0 writes them to its files, the trackers and `on_log`) and its evaluations"
+    cfg: Config
+    s: Session
+    run: RunDir
+    eval_set: list  # the problems of a full evaluation; empty: the run does not evaluate
+    evals: list  # the evaluations so far (a resumed run's, read back)
+    reporter: Reporter | None = None  # `train.report_to`'s trackers
+    on_log: object = None  # `on_log(kind, row)` after each row is written (live plots)
+    progress: bool = False
+
+    def log(self, path: Path, kind: str, row: dict):
+        "Append `row` (the same on every process) to `path` and hand it to the trackers and `on_log`: on rank 0"
+        if not self.s.dist.main: return
+        append_jsonl(path, row)
+        if self.reporter: self.reporter.log(kind, row)
+        if self.on_log: self.on_log(kind, row)
+
+    def evaluate(self, step: int, final: bool = False): # `final`: the run's last step
+        "Evaluate after `step` steps on rank 0 (its full copy of the weights) while the others wait"
+        t = self.cfg.train
+        # the first and the last evaluation use all of the eval set; those between, the cheap subset
+        ex = self.eval_set[:t.eval_subset] if t.eval_subset and step and not final else self.eval_set
+        if self.s.dist.main:
+            self.evals.append(evaluate_step(self.cfg, self.s, ex, step, self.progress))
+            self.log(self.run.evals, "eval", self.evals[-1])
+        self.s.dist.barrier()
+
+    def evaluated(self, step: int) -> bool:
+        "Is there an evaluation after `step` steps (on any process)"
+        return self.s.dist.any(any(e["step"] == step for e in self.evals))
+
+# %% ../nbs/11_trainer.ipynb #3ad7d3ba
+def run_steps(rl: RunLog, end: int, # train steps `rl.s.start` .. `end - 1`, unless the run's last step comes first
+              spent: float, # the run's total of `train.budget_unit` before them
+              stop_event: threading.Event | None = None) -> tuple[int, float, str | None]:
+    "Train, log, evaluate and checkpoint step by step; (steps done, the run's cost, why it ended: `end_of_run`)"
+    cfg, s, run = rl.cfg, rl.s, rl.run
+    t, dist = cfg.train, s.dist
+    done, why = s.start, end_of_run(t, s.start, spent)
+    if why: return done, spent, why  # finished already (a resumed run that spent its budget): no more steps
+    flag, restore = _stop_on_signals()
+    bar = tqdm(range(s.start, end), desc=f"{cfg.algo.name}", disable=not rl.progress or not dist.main,
+               initial=s.start, total=t.steps)
+    try:
+        for step in bar:
+            row = train_step(cfg, s, step)
+            # rank 0's total (its rows are the ones written): every process ends at the same step
+            if t.budget: spent = dist.gather(spent + run_cost([row], t.budget_unit))[0]
+            # log
+            rl.log(run.metrics, "step", row)
+            done, why = step + 1, end_of_run(t, step + 1, spent)
+            if row.get("accuracy") is not None:
+                bar.set_postfix(acc=f"{row['accuracy']:.2f}", len=f"{row['response_tokens_mean']:.0f}")
+            # evaluate and checkpoint (the run's last step: its full evaluation and checkpoint come after the loop)
+            if rl.eval_set and t.eval_every and done % t.eval_every == 0 and not why: rl.evaluate(done)
+            stop = dist.any(flag["stop"])  # a signal on any process stops them all at this step
+            if (t.save_every and done % t.save_every == 0 and not why) or stop: s.save(run, done)
+            if stop: raise KeyboardInterrupt
+            if why or (stop_event is not None and stop_event.is_set()): break  # checkpointed by `train`
+    finally: restore()  # a second Ctrl-C leaves mid-step without saving: the weights may hold part of a step
+    return done, spent, why
+
+# %% ../nbs/11_trainer.ipynb #ec1ae6d2
 def train(cfg: Config, # the validated config
           resume: bool = False, # continue from `cfg.train.out/checkpoint`
           progress: bool = True, # show progress bars
@@ -249,7 +342,7 @@ def train(cfg: Config, # the validated config
           stop_event: threading.Event | None = None, # set it (e.g. by a Stop button) to stop after this step
           task: Task | None = None, # your own data and reward functions (the rewards lesson); None: the config's
           policy=None) -> dict: # a loaded `(model, tokenizer)`, trained in place; None: `model.name_or_path`
-    "Run RL training; returns a summary with the first and last evaluation"
+    "Run RL training to its last step (`train.steps`, or its `train.budget`); a summary: evaluations, why it stopped"
     t = cfg.train
     check_run(cfg)
     dist = init_dist(cfg, cpu=device_of(cfg) == "cpu")  # several processes when `accelerate launch` started them
@@ -257,43 +350,22 @@ def train(cfg: Config, # the validated config
     run = open_run_on(dist, cfg, resume, overwrite)
     s = setup(cfg, run, resume, dist, task, policy)
     eval_set, evals = eval_examples_of(cfg, task), rows_after(dist, run, s.start)
-    evaluate_every = evaluate_every and bool(eval_set)
-    reporter = Reporter(cfg, run.root) if dist.main else None  # `train.report_to`: the same rows, to dashboards
-    def log(path, kind, row):  # rank 0 writes; the rows are the same on every process
-        if not dist.main: return
-        append_jsonl(path, row)
-        if reporter: reporter.log(kind, row)
-        if on_log: on_log(kind, row)
-    def log_eval(step):  # rank 0 evaluates (with its full copy of the weights) while the others wait
-        ex = eval_set[:t.eval_subset] if t.eval_subset and 0 < step < t.steps else eval_set  # the first and last: all
-        if dist.main: evals.append(evaluate_step(cfg, s, ex, step, progress)); log(run.evals, "eval", evals[-1])
-        dist.barrier()
+    rl = RunLog(cfg, s, run, eval_set if evaluate_every else [], evals,
+                Reporter(cfg, run.root) if dist.main else None, on_log, progress)  # `train.report_to`: dashboards
     try:
-        if evaluate_every and s.start == 0 and not evals: log_eval(0)
-        flag, restore = _stop_on_signals()
+        check_budget(cfg, s.engine)
+        # a resumed run's budget counts the steps before its checkpoint
+        spent = run_cost(read_jsonl_rows(run.metrics), t.budget_unit) if t.budget else 0.0
+        if rl.eval_set and s.start == 0 and not evals: rl.evaluate(0)
         end = t.steps if stop_after is None else min(t.steps, s.start + stop_after)
-        bar = tqdm(range(s.start, end), desc=f"{cfg.algo.name}", disable=not progress or not dist.main,
-                   initial=s.start, total=t.steps)
-        done, t_run = s.start, time.time()
-        try:
-            for step in bar:
-                row = train_step(cfg, s, step)
-                # log
-                log(run.metrics, "step", row); done = step + 1
-                if row.get("accuracy") is not None:
-                    bar.set_postfix(acc=f"{row['accuracy']:.2f}", len=f"{row['response_tokens_mean']:.0f}")
-                # evaluate and checkpoint
-                if evaluate_every and t.eval_every and done % t.eval_every == 0 and done < t.steps: log_eval(done)
-                stop = dist.any(flag["stop"])  # a signal on any process stops them all at this step
-                if (t.save_every and done % t.save_every == 0) or stop: s.save(run, done)
-                if stop: raise KeyboardInterrupt
-                if stop_event is not None and stop_event.is_set(): break  # checkpointed below, like a finished run
-        finally: restore()  # a second Ctrl-C leaves mid-step without saving: the weights may hold part of a step
+        t_run = time.time()
+        done, spent, why = run_steps(rl, end, spent, stop_event)
         if dist.any(done > s.start or not run.checkpoint.exists()): s.save(run, done)
-        # also after a crash in it
-        if evaluate_every and done == t.steps and not dist.any(any(e["step"] == done for e in evals)): log_eval(done)
+        # the run's last step: its full evaluation (also when a crash came before it)
+        if rl.eval_set and why and not rl.evaluated(done): rl.evaluate(done, final=True)
         return dict(run_dir=str(run.root), steps=done, seconds=round(time.time() - t_run, 1), rank=dist.rank,
-                    first_eval=evals[0] if evals else None, last_eval=evals[-1] if evals else None)
+                    first_eval=evals[0] if evals else None, last_eval=evals[-1] if evals else None,
+                    stopped=why, spent=spent if t.budget else None)
     finally:
-        if reporter: reporter.close()
+        if rl.reporter: rl.reporter.close()
         s.engine.close()  # a second run in this process builds its own engine (vLLM: its share of the GPU again)
