@@ -5,7 +5,7 @@ TORCH  ?= torch==2.13.0
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-fast lint check-clean export check-export lessons pytest pytest-fast docs sft eval clean
+.PHONY: install demo test test-fast lint check-clean export check-export lessons pytest pytest-fast docs sft sft-tail eval clean
 
 install: $(STAMP)  ## create .venv, install the pinned CPU torch first, then the kit with its dev extras
 
@@ -50,6 +50,9 @@ docs: install  ## render lessons and tutorials into docs/ (Quarto's nbdev-docs w
 
 sft: install  ## retrain the shipped tiny policy into data/tiny_policy (about 10 minutes on 2 cores)
 	$(BIN)/bppo sft --preset tiny
+
+sft-tail: install  ## fine-tune the tiny policy on the long-tailed chains into data/tail_policy (cpu-tail; ~4.5 min)
+	$(BIN)/bppo sft --preset cpu-tail
 
 eval: install  ## the shipped policy's numbers, as quoted in the README
 	$(BIN)/bppo eval --preset cpu-demo --samples 8 --json runs/eval_tiny.json

@@ -54,6 +54,9 @@ VARIANTS = {
     "tppo_recipe_defer": [*_RECIPE, "algo.filter_mode=defer"],  # unfinished windows' last tokens trained a step later
     "tppo_recipe_split": [*_RECIPE, "algo.whiten=split"],  # finished and unfinished rows whitened apart
     "tppo_recipe_scale": [*_RECIPE, "algo.whiten=scale"],  # advantages scaled, not centered
+    # the token filter's scale: none at all, and a quarter of a 128-token window (cpu-demo's 8 of 32)
+    "tppo_recipe_nofilter": [*_RECIPE, "algo.exclude_last=0"],
+    "tppo_recipe_wide": [*_RECIPE, "algo.exclude_last=32"],
     # PPO with the recipe's critic warm-up and LM loss: whole responses, no windows
     "ppo_recipe": ["algo.name=ppo", "rollout.window=0", "algo.value_warmup=10", "algo.lm_loss_weight=0.1"],
 }

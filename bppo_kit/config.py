@@ -44,7 +44,7 @@ class DataConfig:
     prompt_format: str = param("plain", choices=["plain", "chat"])
     system_prompt: str = ""  # system message of prompts that bring none; "" = none (plain: text before the prompt)
     # synthetic task: 0 = chains of 2 or 3 operations (the shipped task); > 0 = chain lengths with a heavy tail,
-    # P(n > k) = (k/2)^-ops_tail for 2 <= n <= max_ops, so response lengths have a tail (the `cpu-tail` preset)
+    # P(n >= k) = (k/2)^-ops_tail for 2 <= n <= max_ops, so response lengths have a tail (the `cpu-tail` preset)
     ops_tail: float = param(0.0, ge=0)
     max_ops: int = param(40, ge=2)  # the longest chain of the tail variant
 
@@ -286,6 +286,23 @@ def _cpu_demo() -> Config:
     c.train.out = "runs/cpu-demo"
     return c
 
+def _cpu_tail() -> Config:
+    "T-PPO's CPU task: chains whose responses have a long tail, and the shipped policy fine-tuned on them"
+    c = Config()
+    c.model.name_or_path = "tiny-tail"  # data/tail_policy, made by this preset's `sft` section
+    # 2 to 40 operations, P(n >= k) = (k/2)^-0.85. The policy's samples on the eval set: 41 tokens at the median, 91 at
+    # the 80th percentile, 146 at the 90th, 379 at the longest; 65% correct, from 85% (2 operations) to 3% (20-40).
+    # 100 eval problems: 14 s on the kit engine (training's evaluations), ~4 min on `bppo eval`'s HF engine
+    c.data.ops_tail, c.data.max_ops, c.data.eval_size = 0.85, 40, 100
+    # above the longest trace of 40 operations (408 characters); the window sits between the 85th and 90th percentiles
+    c.rollout.max_new_tokens, c.rollout.window = 448, 128
+    # fine-tune the shipped policy on concise traces (verbose ones run ~4x longer), 1,024 positions; ~4.5 min on 2 cores
+    c.sft.init, c.sft.out, c.sft.max_positions = "tiny", "data/tail_policy", 1024
+    c.sft.steps, c.sft.batch_size, c.sft.lr, c.sft.warmup_steps = 250, 64, 1e-3, 10
+    c.sft.verbose_frac, c.sft.wrong_step_p = 0.0, 0.2
+    c.train.out = "runs/cpu-tail"
+    return c
+
 def _gpu(model: str, task: str, group: int, max_new: int, out: str, micro_batch: int, vllm_share: float) -> Config:
     "A GPU preset: bf16 compute, checkpointing and the fused loss, vLLM with `vllm_share` of the GPU (`bppo plan`)"
     c = Config()
@@ -306,6 +323,7 @@ def _chat(c: Config, system_prompt: str) -> Config:
 PRESETS = {
     "tiny": Config,  # the shipped policy's SFT (the `sft` section) and its eval
     "cpu-demo": _cpu_demo,
+    "cpu-tail": _cpu_tail,  # T-PPO's task: response lengths with a long tail (`bppo sft --preset cpu-tail` first)
     # an instruct model: its chat template. The GSM8K prompt asks for the answer after '####'; a system prompt asking
     # for \boxed{} would contradict it (the verifier's gsm8k rule takes either anchor, whichever comes last)
     # both fit one 80 GB GPU with room to spare (32 and 56 GiB at their peaks: `bppo plan`, the plan lesson)

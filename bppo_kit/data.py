@@ -8,13 +8,15 @@ import json, random, warnings
 from dataclasses import dataclass, field, asdict
 from pathlib import Path
 from typing import Iterator
-from .config import data_dir, shared_data_dir
+from .config import DataConfig, data_dir, shared_data_dir
 
 # %% auto #0
-__all__ = ['OPS', 'SYNTHETIC_EVAL_SEED', 'SYNTHETIC_EVAL_SIZE', 'ROLES', 'MATH_TEMPLATE', 'GSM8K_TEMPLATE', 'TASKS', 'Example',
-           'Problem', 'make_problem', 'synthetic_prompt', 'make_trace', 'style_of', 'synthetic_example',
-           'make_synthetic_eval', 'synthetic_stream', 'DataError', 'read_jsonl', 'write_jsonl', 'load_synthetic_eval',
-           'check_messages', 'conversation', 'prompt_messages', 'prompt_text', 'row_to_example', 'load_task']
+__all__ = ['OPS', 'SYNTHETIC_EVAL_SEED', 'SYNTHETIC_EVAL_SIZE', 'TAIL_EVAL_SEED', 'ROLES', 'MATH_TEMPLATE', 'GSM8K_TEMPLATE',
+           'TASKS', 'Example', 'Problem', 'make_problem', 'synthetic_prompt', 'make_trace', 'style_of',
+           'synthetic_example', 'make_synthetic_eval', 'synthetic_stream', 'DataError', 'read_jsonl', 'write_jsonl',
+           'load_synthetic_eval', 'make_chain', 'tail_n_ops', 'make_tail_eval', 'tail_stream', 'synthetic_eval',
+           'problem_stream', 'check_messages', 'conversation', 'prompt_messages', 'prompt_text', 'row_to_example',
+           'load_task']
 
 # %% ../nbs/02_data.ipynb #37bccd58
 @dataclass
@@ -146,6 +148,80 @@ def write_jsonl(rows, path) -> Path:
 def load_synthetic_eval(path=None) -> list[Example]:
     "The shipped eval set (`data/synthetic_eval.jsonl`) or the one at `path`"
     return [Example(**r) for r in read_jsonl(path or data_dir() / "synthetic_eval.jsonl")]
+
+# %% ../nbs/02_data.ipynb #5d7fcc14
+def make_chain(rng: random.Random, # the source of randomness (seeded by the caller)
+               n_ops: int, # operations in the chain, any number
+               lo: int = 1, hi: int = 12, # operand range
+               max_value: int = 99) -> Problem: # intermediates stay in [0, max_value]
+    "A left-to-right chain of `n_ops` operations built step by step, each step chosen among those that stay in range"
+    v = rng.randint(lo, hi)
+    operands, ops = [v], []
+    for _ in range(n_ops):
+        choices = [(op, x) for op in OPS for x in range(lo, hi + 1) if 0 <= _apply(v, op, x) <= max_value]
+        if not choices: raise ValueError(f"no operation on {v} with operands {lo}..{hi} stays in [0, {max_value}]")
+        op, x = rng.choice(choices)
+        v = _apply(v, op, x)
+        operands.append(x)
+        ops.append(op)
+    expr = str(operands[0])
+    for i, (op, x) in enumerate(zip(ops, operands[1:])):
+        expr = f"({expr}{op}{x})" if i < n_ops - 1 else f"{expr}{op}{x}"
+    return Problem(expr, operands, ops, v)
+
+# %% ../nbs/02_data.ipynb #d3a28bbe
+def tail_n_ops(rng: random.Random, # the source of randomness
+               ops_tail: float, # the tail's exponent a: P(n >= k) = (k/2)^-a
+               max_ops: int = 40) -> int: # longer draws are drawn again
+    "A chain length from 2 to `max_ops` with a heavy tail: the whole part of a Pareto draw of scale 2"
+    if ops_tail <= 0: raise ValueError(f"ops_tail must be > 0, got {ops_tail}")
+    while True:
+        # the inverse of P(x > t) = (t/2)^-a at a uniform draw in (0, 1]; compared as a float, which may be inf
+        x = 2 * (1 - rng.random()) ** (-1 / ops_tail)
+        if x < max_ops + 1: return int(x)
+
+# %% ../nbs/02_data.ipynb #fd7d0fb8
+TAIL_EVAL_SEED = 4321
+
+def make_tail_eval(ops_tail: float, # the tail's exponent (`data.ops_tail`)
+                   max_ops: int = 40, # the longest chain (`data.max_ops`)
+                   n: int = SYNTHETIC_EVAL_SIZE, seed: int = TAIL_EVAL_SEED) -> list[Example]:
+    "The tail variant's fixed eval set: `n` distinct problems from `seed`"
+    rng, seen, out = random.Random(seed), set(), []
+    while len(out) < n:
+        p = make_chain(rng, tail_n_ops(rng, ops_tail, max_ops))
+        if p.expr not in seen:
+            seen.add(p.expr)
+            out.append(synthetic_example(p))
+    return out
+
+# %% ../nbs/02_data.ipynb #786906f0
+def tail_stream(seed: int, # seeds the stream
+                ops_tail: float, max_ops: int = 40, # the chain lengths' tail, as in `make_tail_eval`
+                exclude: set[str] | None = None) -> Iterator[Problem]: # expressions never to yield (eval set's)
+    "An endless stream of fresh problems of the tail variant, skipping `exclude`"
+    rng = random.Random(seed)
+    exclude = exclude if exclude is not None else {e.meta["expr"] for e in make_tail_eval(ops_tail, max_ops)}
+    while True:
+        p = make_chain(rng, tail_n_ops(rng, ops_tail, max_ops))
+        if p.expr not in exclude: yield p
+
+# %% ../nbs/02_data.ipynb #8e10d3b2
+def synthetic_eval(d: DataConfig | None = None) -> list[Example]:
+    "The synthetic eval set of `d`: `d.eval_path`'s file, else the tail variant's (`ops_tail > 0`), else the shipped"
+    d = d or DataConfig()
+    if d.eval_path: return load_synthetic_eval(d.eval_path)
+    if d.ops_tail > 0: return make_tail_eval(d.ops_tail, d.max_ops)
+    return load_synthetic_eval()
+
+# %% ../nbs/02_data.ipynb #86517da3
+def problem_stream(d: DataConfig, # the data config: `ops_tail`, `max_ops`, `eval_path`
+                   seed: int = 0, # seeds the stream
+                   exclude: set[str] | None = None) -> Iterator[Problem]: # None: `synthetic_eval(d)`'s expressions
+    "The synthetic training problems of `d`: the tail variant's when `d.ops_tail > 0`, else the shipped task's"
+    if exclude is None: exclude = {e.meta["expr"] for e in synthetic_eval(d)}
+    if d.ops_tail > 0: return tail_stream(seed, d.ops_tail, d.max_ops, exclude)
+    return synthetic_stream(seed, exclude)
 
 # %% ../nbs/02_data.ipynb #6b2e3f02
 ROLES = ("system", "user", "assistant")

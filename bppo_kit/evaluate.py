@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from statistics import mean
 from .config import Config, DataConfig
-from .data import Example, load_synthetic_eval, load_task, style_of
+from .data import Example, load_task, style_of, synthetic_eval
 from .policy import prompt_ids
 from .rewards import Task
 from .rollout import Completion, HFEngine, SamplingParams
@@ -78,6 +78,6 @@ def evaluate(model, tok, examples: list[Example], # the eval prompts
 def eval_examples(cfg: Config) -> list[Example]:
     "The eval examples of `cfg.data`"
     d = cfg.data
-    if d.task == "synthetic": ex = load_synthetic_eval(d.eval_path or None)
+    if d.task == "synthetic": ex = synthetic_eval(d)  # the shipped set, the tail variant's, or `data.eval_path`'s
     else: ex = load_task(d.task, "test", d.eval_path or None)
     return ex[:d.eval_size] if d.eval_size else ex

@@ -13,9 +13,9 @@ from .config import ConfigError, DataConfig, data_dir
 from .data import DataError, Example, prompt_messages, prompt_text
 
 # %% auto #0
-__all__ = ['CHARS', 'SPECIALS', 'DTYPES', 'CHATML_TEMPLATE', 'char_tokenizer', 'tiny_config', 'load_tokenizer',
-           'resolve_policy_path', 'load_policy', 'is_peft', 'add_lora', 'merged_state_dict', 'autocast',
-           'generation_copy', 'copy_weights', 'chat_tokenizer', 'prompt_ids', 'pack', 'token_logprobs',
+__all__ = ['CHARS', 'SPECIALS', 'DTYPES', 'SHIPPED_POLICIES', 'CHATML_TEMPLATE', 'char_tokenizer', 'tiny_config',
+           'load_tokenizer', 'resolve_policy_path', 'load_policy', 'is_peft', 'add_lora', 'merged_state_dict',
+           'autocast', 'generation_copy', 'copy_weights', 'chat_tokenizer', 'prompt_ids', 'pack', 'token_logprobs',
            'completion_logprobs']
 
 # %% ../nbs/03_policy.ipynb #3b5f0132
@@ -54,11 +54,14 @@ def load_tokenizer(path: str):
     if tok.pad_token is None: tok.pad_token = tok.eos_token
     return tok
 
-def resolve_policy_path(name_or_path: str) -> str:
-    "'tiny' -> the shipped checkpoint folder; anything else unchanged"
-    return str(data_dir() / "tiny_policy") if name_or_path == "tiny" else name_or_path
+# the policies the kit makes itself: name -> (folder under data/, the preset whose `sft` section makes it)
+SHIPPED_POLICIES = {"tiny": ("tiny_policy", "tiny"), "tiny-tail": ("tail_policy", "cpu-tail")}
 
-def load_policy(name_or_path: str = "tiny", # "tiny", a hub id, a local checkpoint folder, or a LoRA adapter folder
+def resolve_policy_path(name_or_path: str) -> str:
+    "A name of `SHIPPED_POLICIES` ('tiny', 'tiny-tail') -> its folder under data/; anything else unchanged"
+    return str(data_dir() / SHIPPED_POLICIES[name_or_path][0]) if name_or_path in SHIPPED_POLICIES else name_or_path
+
+def load_policy(name_or_path: str = "tiny", # "tiny", "tiny-tail", a hub id, a local checkpoint or LoRA adapter folder
                 dtype: str = "float32", # a key of `DTYPES`
                 device: str = "cpu", # where the weights go
                 merge: bool = True): # an adapter folder: merge it into its base (False: the peft model, to train)
@@ -66,9 +69,10 @@ def load_policy(name_or_path: str = "tiny", # "tiny", a hub id, a local checkpoi
     path = resolve_policy_path(name_or_path)
     local = Path(path)
     adapter = (local / "adapter_config.json").is_file() and not (local / "config.json").is_file()
-    named_local = name_or_path == "tiny" or local.is_absolute() or path.startswith(".")
+    named_local = name_or_path in SHIPPED_POLICIES or local.is_absolute() or path.startswith(".")
     if named_local and not adapter and not (local / "config.json").is_file():
-        hint = " (make it with `bppo sft --preset tiny`)" if name_or_path == "tiny" else ""
+        shipped = SHIPPED_POLICIES.get(name_or_path)
+        hint = f" (make it with `bppo sft --preset {shipped[1]}`)" if shipped else ""
         raise DataError(f"no model checkpoint at {local}{hint}")
     tok = load_tokenizer(path)
     if adapter:

@@ -10,7 +10,7 @@ import torch
 from .config import Config, ConfigError
 from .core import Completion, Rollout, SamplingParams, engine_caps, engine_class
 from .distributed import Dist, deal_items, gather_rollout
-from .data import Example, load_synthetic_eval, load_task, style_of, synthetic_example, synthetic_stream
+from .data import Example, load_task, problem_stream, style_of, synthetic_eval, synthetic_example
 from .evaluate import response_tokens
 from .rewards import Task
 from .policy import prompt_ids
@@ -45,13 +45,13 @@ class PromptSource:
             raise ConfigError(f"train_dataset: {len(examples)} rows, fewer than train.prompts_per_step={self.n}")
         self.examples = (examples if own else None if d.task == "synthetic"
                          else load_task(d.task, "train", d.path or None))
-        self.held = ({e.meta["expr"] for e in load_synthetic_eval(d.eval_path or None)}
-                     if d.task == "synthetic" and not own else set())
+        # the synthetic task's eval set (the shipped one, the tail variant's or data.eval_path's) is never trained on
+        self.held = {e.meta["expr"] for e in synthetic_eval(d)} if d.task == "synthetic" and not own else set()
 
     def __call__(self, step: int) -> list[Example]:
         seed = self.cfg.data.seed
         if self.examples is None:
-            s = synthetic_stream(step_seed(seed, step, "prompts"), self.held)
+            s = problem_stream(self.cfg.data, step_seed(seed, step, "prompts"), self.held)
             return [synthetic_example(next(s)) for _ in range(self.n)]
         per_epoch = max(1, len(self.examples) // self.n)
         epoch, k = divmod(step, per_epoch)
@@ -62,7 +62,7 @@ class PromptSource:
         "`n` more prompts for step `step` (resampling round `round_` >= 1): fresh problems or a seeded draw of the data"
         seed = step_seed(self.cfg.data.seed, step, "extra_prompts", round_)
         if self.examples is None:
-            s = synthetic_stream(seed, self.held)
+            s = problem_stream(self.cfg.data, seed, self.held)
             return [synthetic_example(next(s)) for _ in range(n)]
         return random.Random(seed).sample(self.examples, min(n, len(self.examples)))
 
