@@ -18,6 +18,7 @@ from urllib.parse import unquote, urlsplit
 
 root = Path(__file__).resolve().parent.parent
 nbs, docs = root / "nbs", root / "docs"
+results = docs / "results"  # results pages: markdown, rendered beside the lessons
 SKIP = re.compile(r"^#\|\s*(gpu|slow|eval:\s*false)\s*$", re.M)
 HIDE = re.compile(r"^#\|\s*hide\s*$", re.M)
 DIRECTIVE = re.compile(r"^#\|.*\n?", re.M)
@@ -48,12 +49,38 @@ def nav_bar(i: int, pages: list[tuple[str, str]]) -> str:
     return f'<nav class="bppo-nav"><a href="index.html">bppo_kit · index</a>{link(i - 1, "←")}{link(i + 1, "→")}</nav>'
 
 def fix_links(body: str) -> str:
-    "Links to notebooks (`../07_bppo.ipynb#x`, `tutorials/01_quickstart.ipynb`) point at their pages"
+    "Links to notebooks (`../07_bppo.ipynb#x`) and results pages (`../docs/results/tppo.md`) point at their pages"
     names = {p.stem: page_name(p) for p in all_notebooks()}
     def sub(m):
         stem = Path(unquote(m.group(2))).stem
         return f'{m.group(1)}{names[stem]}{m.group(3) or ""}"' if stem in names else m.group(0)
-    return re.sub(r'(href=")([^"#:]+?\.ipynb)(#[^"]*)?"', sub, body)
+    def sub_md(m):
+        stem = Path(unquote(m.group(2))).stem
+        page = f'{m.group(1)}results_{stem}.html{m.group(3) or ""}"'
+        return page if (results / f"{stem}.md").is_file() else m.group(0)
+    body = re.sub(r'(href=")([^"#:]+?\.ipynb)(#[^"]*)?"', sub, body)
+    return re.sub(r'(href=")([^"#:]*?results/[^"#:/]+?\.md)(#[^"]*)?"', sub_md, body)
+
+def render_results(out: Path) -> list[tuple[str, str]]:
+    "Each results page (`docs/results/*.md`, measurements with their commands) as `results_NAME.html`; [(file, title)]"
+    import shutil
+    import mistune
+    pages = []
+    for md in sorted(results.glob("*.md")):
+        text = md.read_text()
+        title = next((l[2:] for l in text.splitlines() if l.startswith("# ")), md.stem)
+        body = fix_links(mistune.html(text)).replace('src="../images/', 'src="images/')
+        for img in re.findall(r'src="images/([^"]+)"', body):  # a site built elsewhere gets the figures it shows
+            if (docs / "images" / img).is_file() and not (out / "images" / img).is_file():
+                (out / "images").mkdir(exist_ok=True); shutil.copy(docs / "images" / img, out / "images" / img)
+        name = f"results_{md.stem}.html"
+        (out / name).write_text(f"""<!doctype html><html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
+<style>body{{font-family:system-ui,sans-serif;max-width:60rem;margin:2rem auto;line-height:1.5}}
+table{{border-collapse:collapse}}td,th{{border:1px solid #ddd;padding:2px 6px}}img{{max-width:100%}}</style>
+</head><body>{body}</body></html>
+""")
+        pages.append((name, title))
+    return pages
 
 def render(path: Path, execute: bool):
     import nbformat
@@ -90,6 +117,7 @@ def write_site(out: Path):
         rows.append((page_name(p), title_of(nb), subtitle_of(nb), p.parent.name == "tutorials"))
     order = [(n, t) for n, t, s, u in rows if not u] + [(n, t) for n, t, s, u in rows if u]
     for i, (n, _) in enumerate(order): (out / n).write_text(add_nav((out / n).read_text(), nav_bar(i, order)))
+    res = "\n".join(f'<li><a href="{n}">{html.escape(t)}</a></li>' for n, t in render_results(out))
     items = lambda tut: "\n".join(f'<li><a href="{n}">{html.escape(t)}</a> — {html.escape(s)}</li>'
                                    for n, t, s, u in rows if u == tut)
     (out / "index.html").write_text(f"""<!doctype html><html><head><meta charset="utf-8"><title>bppo_kit</title>
@@ -97,7 +125,8 @@ def write_site(out: Path):
 <h1>bppo_kit</h1><p>Efficient RL for reasoning language models — GRPO, BPPO and T-PPO on one engine,
 one lesson per component.</p>
 <h2>Lessons</h2><ul>{items(False) or '<li>(none built)</li>'}</ul>
-<h2>Tutorials</h2><ul>{items(True) or '<li>(none yet)</li>'}</ul></body></html>
+<h2>Tutorials</h2><ul>{items(True) or '<li>(none yet)</li>'}</ul>
+<h2>Results</h2><ul>{res or '<li>(none yet)</li>'}</ul></body></html>
 """)
     return len(rows)
 
