@@ -167,7 +167,8 @@ def test_docs_links(browser, tmp_path):
         page.goto((site / "index.html").as_uri())
         hrefs = page.eval_on_selector_all("a[href]", "as => as.map(a => a.href)")
         notebooks = sorted((ROOT / "nbs").glob("*.ipynb")) + sorted((ROOT / "nbs" / "tutorials").glob("*.ipynb"))
-        if site == out: assert len(hrefs) == len(notebooks), (len(hrefs), len(notebooks))  # the index links every page
+        results = sorted((ROOT / "docs" / "results").glob("*.md"))  # and every results page
+        if site == out: assert len(hrefs) == len(notebooks) + len(results), (len(hrefs), len(notebooks), len(results))
         seen, todo, broken = set(), list(hrefs), []
         while todo:  # every page reachable from the index, and every local link on it
             h = todo.pop()
