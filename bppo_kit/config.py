@@ -128,6 +128,13 @@ class AlgoConfig:
     # truncated importance sampling: tokens weighted min(p_trainer / p_engine, tis_cap) where the engine's numerics
     # differ from the trainer's (vLLM, or a compute dtype below float32); 0 = off
     tis_cap: float = param(2.0, ge=0)
+    # the subset family (lesson 07b): completions trained per group. cppo: the largest |advantage|; pods: the subset of
+    # largest reward variance; gfpo: by `gfpo_rule`
+    keep: int = param(2, ge=1)
+    # GFPO: which `keep` completions train: the shortest, or the most token-efficient (reward per token)
+    gfpo_rule: str = param("shortest", choices=["shortest", "efficiency"])
+    # NAT: share of each completion's tokens, drawn at random, that carry the policy loss (reweighted by 1 / share)
+    token_frac: float = param(0.5, gt=0, le=1)
 
 @dataclass
 class TrainConfig:
