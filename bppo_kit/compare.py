@@ -14,9 +14,9 @@ from .trainer import end_of_run, run_cost
 from .api import RLTrainer
 
 # %% auto #0
-__all__ = ['VARIANTS', 'BUDGET_UNITS', 'EQUAL_COST', 'variant_config', 'budget_config', 'run_status', 'run_summary', 'aggregate',
-           'compare_figure', 'cost_table', 'baseline_target', 'equal_cost_table', 'equal_cost_figure', 'write_report',
-           'compare']
+__all__ = ['VARIANTS', 'BUDGET_UNITS', 'EQUAL_COST', 'variant_config', 'budget_config', 'run_status', 'run_summary',
+           'accuracy_at', 'aggregate', 'compare_figure', 'cost_table', 'baseline_target', 'equal_cost_table',
+           'equal_cost_figure', 'equal_budget_lines', 'write_report', 'compare']
 
 # %% ../nbs/11b_compare.ipynb #9c5dd79d
 # the progress budget, sooner and tighter: from 10% of training, 1.1x the recent correct lengths' 90th percentile
@@ -38,6 +38,15 @@ VARIANTS = {
     "bppo_focus": ["algo.name=bppo", *_FOCUS],
     "bppo_full_focus": ["algo.name=bppo", "algo.prefix_mode=full", *_FOCUS],  # selection only on the same budget
     "prefix_only": ["algo.name=bppo", "algo.select=all"],  # every completion, each cut to its group's pair length
+    # the family (lesson 07b), each at its paper's choice scaled to cpu-demo's 8 completions a group
+    # cppo: the largest |advantage| over the batch, 2 a group on average (CPPO keeps 1-2 of 16)
+    "cppo": ["algo.name=cppo", "algo.keep=2"],
+    "pods": ["algo.name=pods", "algo.keep=2"],  # max reward variance: with 0/1 rewards a correct and an incorrect one
+    "gfpo": ["algo.name=gfpo", "algo.keep=4"],  # the 4 shortest of 8 (GFPO: 8 of 16)
+    "gfpo_eff": ["algo.name=gfpo", "algo.keep=4", "algo.gfpo_rule=efficiency"],  # the 4 of most reward per token
+    "nat": ["algo.name=nat", "algo.token_frac=0.5"],  # every completion, half its tokens at random, reweighted
+    # small groups (2-GRPO): 2 completions a prompt, 4x the prompts: the same 128 completions a step as cpu-demo
+    "grpo_g2": ["algo.name=grpo", "algo.reduction=token", "rollout.group_size=2", "train.prompts_per_step=64"],
     "ppo": ["algo.name=ppo", "rollout.window=0"],  # PPO with a value model, whole responses
     "tppo": ["algo.name=tppo"],  # T-PPO: the preset's windows (cpu-demo: 32 tokens), EGAE
     "tppo_filter": ["algo.name=tppo", "algo.group_filter=mixed"],  # + the group filter
@@ -112,6 +121,11 @@ def _reached(r: dict, full: int, target: float | None, subset_target: float | No
     t = subset_target if sub and subset_target is not None else target
     return t is not None and r["accuracy"] >= t
 
+def _held_row(e: list[dict], full: int, target: float | None, subset_target: float | None) -> dict | None:
+    "The first evaluation that reached the target and whose next evaluation reached it too (the target held)"
+    ok = [_reached(r, full, target, subset_target) for r in e]
+    return next((r for r, now, then in zip(e, ok, ok[1:]) if now and then), None)
+
 def run_summary(run: Path, target: float | None = None, # the full evaluations' target accuracy
                 subset_target: float | None = None) -> dict: # the cheap subset evaluations' (`train.eval_subset`)
     "Final eval, median stage times, token counts and the training cost (total and to `target`) of one run folder"
@@ -124,10 +138,14 @@ def run_summary(run: Path, target: float | None = None, # the full evaluations' 
     hit_row = next((r for r in e if _reached(r, full, target, subset_target)), None)
     hit_step = hit_row["step"] if hit_row else None
     hit = wall[hit_step] if hit_step is not None else None
+    held_row = _held_row(e, full, target, subset_target)
+    held_step = held_row["step"] if held_row else None
     costs = {}
     for k in ("decode_steps", "row_steps", "generated_tokens"):
         c = _cumulative(m, k)
         if c is not None: costs.update({k: c[-1], f"{k}_to_target": c[hit_step] if hit_step is not None else None})
+    if held_step is not None and costs.get("decode_steps") is not None:
+        costs["decode_steps_to_held_target"] = _cumulative(m, "decode_steps")[held_step]
     last = e[-1] if e else {}
     return dict(final_accuracy=last.get("accuracy"), final_greedy_accuracy=last.get("greedy_accuracy"),
                 final_subset_accuracy=last.get("subset_accuracy"),
@@ -137,11 +155,21 @@ def run_summary(run: Path, target: float | None = None, # the full evaluations' 
                 generated_tokens_per_step=_med([r["generated_tokens"] for r in body]),
                 train_wall_s=round(wall[-1], 1),
                 time_to_target_s=hit, steps=len(m), **costs, step_at_target=hit_step,
+                time_to_held_target_s=wall[held_step] if held_step is not None else None,
+                step_at_held_target=held_step,
                 tokens_at_target=hit_row.get("mean_response_tokens") if hit_row else None,
                 grad_norm=_med([r["grad_norm"] for r in trained if r.get("grad_norm") is not None]),
                 clip_rate=_mean([r["grad_clipped"] for r in trained if r.get("grad_clipped") is not None]),
                 slot_utilization=_med([r["slot_utilization"] for r in body if r.get("slot_utilization") is not None]),
                 critic_ev=_mean([r["explained_variance"] for r in m if r.get("explained_variance") is not None]))
+
+def accuracy_at(run: Path, unit: str, # a cost: a key of `metrics.jsonl` rows (wall_s, decode_steps, …)
+                x: float) -> float | None:
+    "The accuracy of the last evaluation `run` made before it had spent more than `x` of `unit`"
+    spent = _cumulative(read_jsonl_rows(run / "metrics.jsonl"), unit)
+    if spent is None: return None
+    before = [r for r in read_jsonl_rows(run / "eval.jsonl") if r["step"] < len(spent) and spent[r["step"]] <= x]
+    return before[-1]["accuracy"] if before else None
 
 def aggregate(rows: list[dict]) -> dict:
     "Mean and standard deviation over seeds of every numeric field"
@@ -275,6 +303,24 @@ def equal_cost_figure(runs: dict[str, list[Path]], # variant -> its run folders;
     fig.tight_layout()
     return fig
 
+# %% ../nbs/11b_compare.ipynb #2b556c73
+def equal_budget_lines(runs: dict[str, list[Path]]) -> list[str]: # variant -> its run folders
+    "Markdown lines: each variant's accuracy at the smallest total wall time, and decode steps, that any run spent"
+    lines, cols = [], []
+    for unit in ("wall_s", "decode_steps"):
+        totals = [run_cost(read_jsonl_rows(p / "metrics.jsonl"), unit) for ps in runs.values() for p in ps]
+        if all(t > 0 for t in totals): cols.append((unit, min(totals)))
+    if not cols: return lines
+    head = " | ".join(f"accuracy at {x:.3g} {u.replace('_', ' ')} %" for u, x in cols)
+    lines += ["## At equal cost, from the curves", "",
+              "Each run's last evaluation before it had spent the smallest total any run spent "
+              "(mean ± std over seeds).",
+              "", f"| variant | {head} |", "|---" * (len(cols) + 1) + "|"]
+    for n, ps in runs.items():
+        accs = [aggregate([dict(a=accuracy_at(p, u, x)) for p in ps]) for u, x in cols]
+        lines.append(f"| {n} | " + " | ".join(_fmt(a, "a", True) for a in accs) + " |")
+    return lines
+
 # %% ../nbs/11b_compare.ipynb #1f32f61a
 def write_report(out: Path, runs: dict[str, list[Path]], # variant -> its run folders; the first is the baseline
                  target: float | None = None, # the accuracy of time-to-target; None = the baseline's final - tolerance
@@ -312,6 +358,13 @@ def write_report(out: Path, runs: dict[str, list[Path]], # variant -> its run fo
     lines += ["", "Training cost: wall time here; row-steps (busy engine rows summed over decoding passes: "
               "a compute-bound CPU's cost); decode steps (decoding passes: a memory-bound GPU's cost).", ""]
     lines += cost_table(agg, base)
+    lines += ["", "A steadier time to target: the first evaluation that reached the target and whose next evaluation "
+              "reached it too (one lucky crossing of a noisy subset evaluation does not count).", "",
+              "| variant | time to target s | time to held target s | decode steps to held target | "
+              "step at held target |", "|---|---|---|---|---|"]
+    lines += [f"| {n} | {_fmt(a, 'time_to_target_s')} | {_fmt(a, 'time_to_held_target_s')} | "
+              f"{_fmt(a, 'decode_steps_to_held_target')} | {_fmt(a, 'step_at_held_target')} |" for n, a in agg.items()]
+    lines += [""] + equal_budget_lines(runs)
     lines += ["", "Gradient scale and responses at the target: the pre-clip gradient norm (median over steps), the "
               "share of steps whose gradient `train.grad_clip` cut, and the eval response length when the target was "
               "reached; the critic's explained variance (mean over steps; PPO/T-PPO).", "",
