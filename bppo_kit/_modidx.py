@@ -140,6 +140,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                'bppo_kit.core._registrar': ('core.html#_registrar', 'bppo_kit/core.py'),
                                'bppo_kit.core._same_class': ('core.html#_same_class', 'bppo_kit/core.py'),
                                'bppo_kit.core.algorithm_class': ('core.html#algorithm_class', 'bppo_kit/core.py'),
+                               'bppo_kit.core.algorithm_names': ('core.html#algorithm_names', 'bppo_kit/core.py'),
                                'bppo_kit.core.clipped_surrogate': ('core.html#clipped_surrogate', 'bppo_kit/core.py'),
                                'bppo_kit.core.engine_caps': ('core.html#engine_caps', 'bppo_kit/core.py'),
                                'bppo_kit.core.engine_class': ('core.html#engine_class', 'bppo_kit/core.py'),

@@ -13,8 +13,8 @@ from .data import Example
 # %% auto #0
 __all__ = ['ALGORITHMS', 'BUILTIN_ALGORITHMS', 'ENGINES', 'SamplingParams', 'Completion', 'Request', 'Rollout', 'TrainItem',
            'masked_mean', 'clipped_surrogate', 'k3_kl', 'entropy_from_logits', 'Algorithm', 'register',
-           'algorithm_class', 'make_algorithm', 'EngineCaps', 'EngineMemory', 'Engine', 'register_engine',
-           'engine_class', 'engine_caps']
+           'algorithm_names', 'algorithm_class', 'make_algorithm', 'EngineCaps', 'EngineMemory', 'Engine',
+           'register_engine', 'engine_class', 'engine_caps']
 
 # %% ../nbs/03c_core.ipynb #f087151a
 @dataclass
@@ -193,10 +193,14 @@ def register(name: str): # the `algo.name` that selects the class
 # the modules whose classes register the built-in algorithms: imported the first time a name is looked up
 BUILTIN_ALGORITHMS = ("bppo_kit.grpo", "bppo_kit.bppo", "bppo_kit.tppo", "bppo_kit.family")
 
+def algorithm_names() -> list[str]:
+    "Every registered algorithm's name, the built-ins' modules imported first"
+    for module in BUILTIN_ALGORITHMS: importlib.import_module(module)
+    return list(ALGORITHMS)
+
 def algorithm_class(name: str) -> type:
     "The registered class of algorithm `name`; a `ConfigError` naming `algo.name` if there is none"
-    if name not in ALGORITHMS:
-        for module in BUILTIN_ALGORITHMS: importlib.import_module(module)
+    if name not in ALGORITHMS: algorithm_names()
     if name not in ALGORITHMS:
         raise ConfigError(f"algo.name: must be one of {', '.join(ALGORITHMS) or '(none registered)'}; got {name!r}")
     return ALGORITHMS[name]

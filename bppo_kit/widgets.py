@@ -8,7 +8,7 @@ import importlib.util, io, math, os, threading, time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from .config import Config, ConfigError, from_dict, get_config, set_value, to_dict, validate
-from .core import ALGORITHMS, ENGINES
+from .core import ENGINES, algorithm_names
 from .api import RLTrainer
 
 # %% auto #0
@@ -60,7 +60,7 @@ def _field(cfg: Config, key: str):
 def widget_spec(cfg: Config, key: str) -> dict:
     "The control for config field `key`: kind (dropdown, checkbox, text, int/float/log slider, int/float box), range"
     f = _field(cfg, key); m = f.metadata
-    if key == "algo.name": return dict(kind="dropdown", options=list(ALGORITHMS))  # every registered algorithm
+    if key == "algo.name": return dict(kind="dropdown", options=algorithm_names())  # every registered algorithm
     if key == "rollout.engine": return dict(kind="dropdown", options=list(ENGINES))  # ... and engine
     if m.get("choices"): return dict(kind="dropdown", options=list(m["choices"]))
     if f.type in ("bool", "str"): return dict(kind="checkbox" if f.type == "bool" else "text")
