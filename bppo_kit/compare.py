@@ -45,6 +45,7 @@ VARIANTS = {
     "gfpo": ["algo.name=gfpo", "algo.keep=4"],  # the 4 shortest of 8 (GFPO: 8 of 16)
     "gfpo_eff": ["algo.name=gfpo", "algo.keep=4", "algo.gfpo_rule=efficiency"],  # the 4 of most reward per token
     "nat": ["algo.name=nat", "algo.token_frac=0.5"],  # every completion, half its tokens at random, reweighted
+    "nat_rpc": ["algo.name=nat_rpc", "algo.token_frac=0.5"],  # NAT's random prefix cutting, half the tokens on average
     # small groups (2-GRPO): 2 completions a prompt, 4x the prompts: the same 128 completions a step as cpu-demo
     "grpo_g2": ["algo.name=grpo", "algo.reduction=token", "rollout.group_size=2", "train.prompts_per_step=64"],
     "ppo": ["algo.name=ppo", "rollout.window=0"],  # PPO with a value model, whole responses

@@ -11,8 +11,8 @@ from .bppo import masked_group_advantages
 from .grpo import group_advantages, zero_signal_frac
 
 # %% auto #0
-__all__ = ['GFPO_RULES', 'subset_items', 'cppo_keep', 'max_variance_subset', 'gfpo_keep', 'token_subset', 'SubsetAlgorithm',
-           'CPPO', 'PODS', 'GFPO', 'NAT']
+__all__ = ['GFPO_RULES', 'subset_items', 'cppo_keep', 'max_variance_subset', 'gfpo_keep', 'token_subset', 'prefix_cut',
+           'SubsetAlgorithm', 'CPPO', 'PODS', 'GFPO', 'NAT', 'NATPrefix']
 
 # %% ../nbs/07b_family.ipynb #9037a139
 def subset_items(r: Rollout, # a scored rollout of B groups of G
@@ -78,6 +78,19 @@ def token_subset(n: int, # the completion's tokens
     if not 0 < frac <= 1: raise ValueError(f"frac must be in (0, 1], got {frac}")
     return (torch.rand(n, generator=gen) < frac).float() / frac
 
+# %% ../nbs/07b_family.ipynb #472778c1
+def prefix_cut(n: int, # the completion's tokens
+               frac: float, # the share of tokens kept, in expectation
+               gen: torch.Generator) -> torch.Tensor:
+    "Weights [n]: a random prefix (its share uniform with mean `frac`), each token by 1 / P(it is kept); 0 after"
+    if not 0 < frac <= 1: raise ValueError(f"frac must be in (0, 1], got {frac}")
+    if frac == 1: return torch.ones(n)
+    lo, hi = (2 * frac - 1, 1.0) if frac >= 0.5 else (0.0, 2 * frac)
+    u = lo + (hi - lo) * torch.rand(1, generator=gen).item()
+    t = torch.arange(n) / max(n, 1)
+    p = ((hi - t) / (hi - lo)).clamp(0, 1)
+    return torch.where(t < u, 1 / p.clamp(min=1e-12), torch.zeros(n))
+
 # %% ../nbs/07b_family.ipynb #59357455
 class SubsetAlgorithm(Algorithm):
     "A group method that trains some completions of each group: `algo.keep` must fit in the group"
@@ -115,15 +128,21 @@ class GFPO(SubsetAlgorithm):
 @register("nat")
 class NAT(Algorithm):
     "Every completion with GRPO's advantage, on a random `algo.token_frac` of its tokens, reweighted by 1 / token_frac"
+    draw = staticmethod(token_subset)  # which tokens train: uniform random sampling
     def prepare(self, r: Rollout, step: int = 0) -> tuple[list[TrainItem], dict]:
         a = self.cfg.algo
         gen = torch.Generator().manual_seed(self.cfg.train.seed * 100_003 + step)
         adv, items = group_advantages(r.rewards, a.adv_scale).flatten().tolist(), []
         for c, g in zip(r.completions, adv):
-            w = token_subset(c.n_tokens, a.token_frac, gen)
+            w = self.draw(c.n_tokens, a.token_frac, gen)
             end = int(w.nonzero().max()) + 1 if w.any() else 0
             if g == 0.0 or end == 0: continue
             items.append(TrainItem(c.prompt_ids, c.completion_ids, g, end, token_adv=(w[:end] * g).tolist(),
                                    sample_logprobs=c.logprobs or None))
         return items, dict(frac_zero_std_groups=zero_signal_frac(r.rewards), selected_sequences=len(items),
                            kept_tokens=sum(int((torch.tensor(it.token_adv) != 0).sum()) for it in items))
+
+@register("nat_rpc")
+class NATPrefix(NAT):
+    "NAT's random prefix cutting: a random prefix of every completion, each token reweighted by 1 / P(kept)"
+    draw = staticmethod(prefix_cut)

@@ -5,12 +5,12 @@ import pytest, torch
 from conftest import ROOT
 from bppo_kit.config import ConfigError, get_config
 from bppo_kit.core import make_algorithm
-from bppo_kit.family import CPPO, GFPO, NAT, PODS, cppo_keep, gfpo_keep, max_variance_subset
+from bppo_kit.family import CPPO, GFPO, NAT, NATPrefix, PODS, cppo_keep, gfpo_keep, max_variance_subset
 from bppo_kit.runs import read_jsonl_rows
 from bppo_kit.trainer import train
 
 SMALL = ["train.prompts_per_step=4", "rollout.group_size=4", "data.eval_size=4", "rollout.max_new_tokens=120"]
-FAMILY = {"cppo": CPPO, "pods": PODS, "gfpo": GFPO, "nat": NAT}
+FAMILY = {"cppo": CPPO, "pods": PODS, "gfpo": GFPO, "nat": NAT, "nat_rpc": NATPrefix}
 
 
 def cppo_public_rule(advantages: torch.Tensor, pruning: float) -> torch.Tensor:
@@ -97,5 +97,6 @@ def test_train_runs_each_method_by_name(tmp_path, algo, shipped):
     rows = read_jsonl_rows(tmp_path / algo / "metrics.jsonl")
     assert [r["step"] for r in rows] == [0, 1]
     assert all(r["selected_sequences"] <= 16 for r in rows)
-    if algo != "nat": assert all(r["kept_completions"] == 4 * 2 for r in rows)  # 4 prompts, 2 kept of each 4
-    else: assert all(r["selected_sequences"] <= 16 and r["kept_tokens"] >= 0 for r in rows)
+    # 4 prompts, 2 kept of each 4; NAT keeps every completion and a part of its tokens
+    if not algo.startswith("nat"): assert all(r["kept_completions"] == 4 * 2 for r in rows)
+    else: assert all(r["kept_tokens"] <= r["trained_tokens"] for r in rows)
