@@ -14,6 +14,7 @@ from .data import DataError
 from .evaluate import eval_examples, evaluate
 from .policy import load_policy
 from .rollout import SamplingParams
+from .sampler import make_engine
 
 # %% auto #0
 __all__ = ['COMMANDS', 'seed_everything', 'cmd_eval', 'cmd_sft', 'cmd_train', 'cmd_probe', 'cmd_plot', 'cmd_compare', 'cmd_plan',
@@ -36,7 +37,10 @@ def cmd_eval(args, cfg: Config) -> int:
     r = cfg.rollout
     sp = SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_new_tokens=r.max_new_tokens,
                         seed=cfg.train.seed, logprobs=False)
-    res = evaluate(model, tok, ex, samples=args.samples, sampling=sp, progress=not args.quiet, data=cfg.data)
+    # the engine training evaluates with (`rollout.engine`: the kit's by default, vLLM on GPUs), not a fixed one
+    engine = make_engine(cfg, model, tok, progress=not args.quiet)
+    try: res = evaluate(model, tok, ex, samples=args.samples, sampling=sp, engine=engine, data=cfg.data)
+    finally: engine.close()
     res["checkpoint"] = str(args.checkpoint or cfg.model.name_or_path)
     for k, v in res.items(): print(f"{k:>28}  {_fmt(v)}")
     if args.json:

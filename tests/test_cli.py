@@ -15,6 +15,7 @@ def run(*args, timeout=300):
     (["eval", "--checkpoint", "/no/such/ckpt"], "no model checkpoint at /no/such/ckpt"),
     (["eval", "--config", "/no/such.yaml"], "config file not found"),
     (["eval", "--samples", "0"], "--samples must be >= 1"),
+    (["eval", "--set", "rollout.engine=nope"], "rollout.engine: must be one of"),  # eval uses the config's engine
     (["sft", "--set", "sft.steps=0"], "sft.steps: must be >= 1"),
 ])
 def test_bad_input_one_line_exit_2(args, msg):
