@@ -81,7 +81,7 @@ class RLTrainer:
               stop_after: int | None = None, # stop (with a checkpoint) after this many steps of this call
               on_log=None, # `on_log(kind, row)` after each row is written
               stop_event=None) -> dict: # set it to stop after the current step
-        "Train; the summary `train` returns (run folder, steps, first and last evaluation)"
+        "Train; `train`'s summary: run folder, steps, first and last evaluation, why it stopped and what it spent"
         return train(self.cfg, resume=resume, progress=progress, evaluate_every=evaluate, stop_after=stop_after,
                      overwrite=overwrite, on_log=on_log, stop_event=stop_event, task=self.task, policy=self.policy)
 
