@@ -9,6 +9,7 @@ from dataclasses import fields
 from pathlib import Path
 from matplotlib.figure import Figure
 from .config import Config, ConfigError, TrainConfig, apply_overrides, from_dict, load_config, to_dict
+from .grpo import TRL_DEFAULTS
 from .runs import read_jsonl_rows
 from .trainer import end_of_run, run_cost
 from .api import RLTrainer
@@ -28,6 +29,7 @@ _RECIPE = ["algo.name=tppo", "algo.value_warmup=10", "algo.lm_loss_weight=0.1", 
 VARIANTS = {
     "grpo": ["algo.name=grpo", "algo.reduction=token"],
     "grpo_seq": ["algo.name=grpo", "algo.reduction=seq"],
+    "grpo_trl": ["algo.name=grpo", *TRL_DEFAULTS],  # GRPO with TRL's defaults (the GRPO lesson's `TRL_DEFAULTS`)
     "bppo": ["algo.name=bppo"],
     "bppo_full": ["algo.name=bppo", "algo.prefix_mode=full"],  # selection only, no prefix
     "bppo_one": ["algo.name=bppo", "algo.class_weight=one"],  # unweighted representatives

@@ -72,10 +72,17 @@ class AlgoConfig:
     eps_low: float = param(0.2, gt=0, lt=1)  # lower clip of the ratio, 1 - eps_low
     eps_high: float = param(0.28, gt=0)  # upper clip, 1 + eps_high (DAPO's clip-higher)
     beta: float = param(0.0, ge=0)  # k3 KL to a frozen reference; 0 loads no reference model
+    # the k3 KL times the ratio pi/pi_old (TRL's use_bias_correction_kl): unbiased off-policy, and its gradient differs
+    # even on-policy (the ratio is differentiable)
+    kl_bias_correction: bool = False
     # token mean (DAPO), seq mean (GRPO), constant (Dr. GRPO)
     reduction: str = param("token", choices=["token", "seq", "constant"])
     # GRPO: advantages over the group's std (GRPO), the batch's, or unscaled (Dr. GRPO)
     adv_scale: str = param("group", choices=["group", "batch", "none"])
+    # GRPO: the std the advantages are divided by: population (n) or bessel (n - 1, TRL's GRPOTrainer)
+    adv_std: str = param("population", choices=["population", "bessel"])
+    # GRPO: added to that std (TRL: 1e-4); a group whose std is at most this gets advantage 0
+    adv_eps: float = param(1e-6, gt=0)
     # BPPO: which prefix of each representative is trained
     prefix_mode: str = param("pair_min", choices=["ratio", "pair_min", "tokens", "full"])
     prefix_ratio: float = param(0.5, gt=0, le=1)  # BPPO "ratio" mode: share of each response trained at step 0

@@ -105,8 +105,9 @@ class SubsetAlgorithm(Algorithm):
 class CPPO(SubsetAlgorithm):
     "GRPO's advantages over the full group; only the completions of largest |advantage| in the batch train"
     def prepare(self, r: Rollout, step: int = 0) -> tuple[list[TrainItem], dict]:
-        adv = group_advantages(r.rewards, self.cfg.algo.adv_scale)
-        return subset_items(r, cppo_keep(adv, self.cfg.algo.keep), adv)
+        a = self.cfg.algo
+        adv = group_advantages(r.rewards, a.adv_scale, a.adv_eps, std=a.adv_std)
+        return subset_items(r, cppo_keep(adv, a.keep), adv)
 
 # %% ../nbs/07b_family.ipynb #cbdb86b5
 @register("pods")
@@ -132,7 +133,7 @@ class NAT(Algorithm):
     def prepare(self, r: Rollout, step: int = 0) -> tuple[list[TrainItem], dict]:
         a = self.cfg.algo
         gen = torch.Generator().manual_seed(self.cfg.train.seed * 100_003 + step)
-        adv, items = group_advantages(r.rewards, a.adv_scale).flatten().tolist(), []
+        adv, items = group_advantages(r.rewards, a.adv_scale, a.adv_eps, std=a.adv_std).flatten().tolist(), []
         for c, g in zip(r.completions, adv):
             w = self.draw(c.n_tokens, a.token_frac, gen)
             end = int(w.nonzero().max()) + 1 if w.any() else 0

@@ -8,26 +8,30 @@ import torch
 from .core import Algorithm, Rollout, TrainItem, clipped_surrogate, k3_kl, masked_mean, register
 
 # %% auto #0
-__all__ = ['group_advantages', 'zero_signal_frac', 'reduce_loss', 'token_weights', 'grpo_loss', 'GRPO']
+__all__ = ['TRL_DEFAULTS', 'group_advantages', 'zero_signal_frac', 'reduce_loss', 'token_weights', 'grpo_loss', 'GRPO']
 
 # %% ../nbs/05_grpo.ipynb #13614cb4
 def group_advantages(rewards: torch.Tensor, # [B, G] one reward per completion, groups in rows
                      scale: str = "group", # "group" | "batch" | "none"
-                     eps: float = 1e-6) -> torch.Tensor:
+                     eps: float = 1e-6, # added to the std; a group whose std is at most `eps` gets advantage 0
+                     *, std: str = "population") -> torch.Tensor: # "population" (divide by n) | "bessel" (n - 1)
     "Advantages [B, G]: rewards centred per group, scaled by the group's std, the batch's, or not at all"
     if rewards.dim() != 2: raise ValueError(f"rewards must be [B, G], got shape {tuple(rewards.shape)}")
+    if std not in ("population", "bessel"): raise ValueError(f"std must be 'population' or 'bessel', got {std!r}")
     r = rewards.float()
-    sd = r.std(1, keepdim=True, unbiased=False)
+    # Bessel's n - 1 needs two values: a single one has std 0 (as TRL's)
+    sd = r.std(1, keepdim=True, correction=int(std == "bessel" and r.shape[1] > 1))
     a = (r - r.mean(1, keepdim=True)) * (sd > eps)  # a group of (nearly) equal rewards carries no signal: exactly 0
     if scale == "group": return a / (sd + eps)
-    if scale == "batch": return a / (r.std(unbiased=False) + eps)
+    if scale == "batch": return a / (r.std(correction=int(std == "bessel" and r.numel() > 1)) + eps)
     if scale == "none": return a
     raise ValueError(f"scale must be 'group', 'batch' or 'none', got {scale!r}")
 
 # %% ../nbs/05_grpo.ipynb #d9d5aaba
-def zero_signal_frac(rewards: torch.Tensor, eps: float = 1e-6) -> float:
-    "Share of groups [B, G] whose rewards are (nearly) all equal, so their advantages are 0"
-    return (rewards.float().std(1, unbiased=False) <= eps).float().mean().item()
+def zero_signal_frac(rewards: torch.Tensor, eps: float = 1e-6, *, std: str = "population") -> float:
+    "Share of groups [B, G] whose rewards are (nearly) all equal, so their advantages are 0 (`group_advantages`' rule)"
+    G = rewards.shape[1]
+    return (rewards.float().std(1, correction=int(std == "bessel" and G > 1)) <= eps).float().mean().item()
 
 # %% ../nbs/05_grpo.ipynb #d259983d
 def reduce_loss(tok_loss: torch.Tensor, # [B, T] per-token losses
@@ -75,7 +79,14 @@ class GRPO(Algorithm):
     "The baseline: train every completion of every group on all its tokens"
     def prepare(self, r: Rollout, step: int = 0) -> tuple[list[TrainItem], dict]:
         "Train items and metrics for a scored rollout"
-        adv = group_advantages(r.rewards, self.cfg.algo.adv_scale)
+        a = self.cfg.algo
+        adv = group_advantages(r.rewards, a.adv_scale, a.adv_eps, std=a.adv_std)
         items = [TrainItem(c.prompt_ids, c.completion_ids, adv.flatten()[i].item(), c.n_tokens,
                            sample_logprobs=c.logprobs or None) for i, c in enumerate(r.completions)]
-        return items, dict(frac_zero_std_groups=zero_signal_frac(r.rewards), selected_sequences=len(items))
+        zero = zero_signal_frac(r.rewards, a.adv_eps, std=a.adv_std)
+        return items, dict(frac_zero_std_groups=zero, selected_sequences=len(items))
+
+# %% ../nbs/05_grpo.ipynb #3b3baec3
+# TRL's GRPOConfig defaults as the kit's overrides (the list above): "GRPO as TRL runs it"
+TRL_DEFAULTS = ["algo.reduction=token", "algo.adv_scale=group", "algo.adv_std=bessel", "algo.adv_eps=1e-4",
+                "algo.eps_low=0.2", "algo.eps_high=0.2", "algo.kl_bias_correction=true"]

@@ -162,7 +162,9 @@ def micro_batch_loss(model, batch: dict, mask: torch.Tensor, adv: torch.Tensor, 
     tok_loss, clipped = surrogate(logp, old, adv)
     if tis is not None: tok_loss = tok_loss * tis(old)
     kl = k3_kl(logp, ref_logp) if ref_logp is not None else torch.zeros_like(logp)
-    loss = ((tok_loss + cfg.algo.beta * kl) * weights).sum()
+    # TRL's use_bias_correction_kl: k3 times the ratio π/π_old, through which the gradient also flows
+    kl_term = kl * torch.exp(logp - old) if cfg.algo.kl_bias_correction and ref_logp is not None else kl
+    loss = ((tok_loss + cfg.algo.beta * kl_term) * weights).sum()
     lm_term = -(logp * lm).sum() if lm is not None else None  # the NLL of the LM tokens, weighted
     if lm_term is not None: loss = loss + lm_term
     return loss, clipped, kl.detach(), (ent * mask).sum().item(), old, lm_term.item() if lm_term is not None else 0.0

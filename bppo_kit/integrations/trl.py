@@ -5,6 +5,7 @@
 # %% ../../nbs/14_trl.ipynb #b1a00004
 from __future__ import annotations
 from dataclasses import dataclass, field, fields
+from types import SimpleNamespace
 import torch
 from ..bppo import PREFIX_MODES, pair_advantages, prefix_lengths, scheduled_ratio, select_binary
 from ..config import AlgoConfig
@@ -18,7 +19,7 @@ except ImportError as e:  # TRL is the optional `trl` extra
 
 # %% auto #0
 __all__ = ['BPPO_KNOBS', 'KIT_DEFAULTS', 'ROW_KEYS', 'COMPLETION_KEYS', 'LOSS_REDUCTION', 'score_groups', 'bppo_targets',
-           'compact_batch', 'check_bppo_args', 'BPPOConfig', 'BPPOTrainer']
+           'compact_batch', 'row_scale', 'check_bppo_args', 'BPPOConfig', 'BPPOTrainer']
 
 # %% ../../nbs/14_trl.ipynb #b1a00007
 BPPO_KNOBS = ("prefix_mode", "prefix_ratio", "prefix_ratio_end", "prefix_tokens", "class_weight", "loss_scale")
@@ -93,6 +94,19 @@ def compact_batch(batch: dict, # `_generate_and_score_completions`' output on th
     out["bppo_index"] = torch.where(live, index[idx], -1)
     return out
 
+# %% ../../nbs/14_trl.ipynb #5f3e414c
+# TRL's loss types that are the kit's reductions (`algo.reduction`); `BPPOTrainer` refuses the others
+LOSS_REDUCTION = {"dapo": "token", "grpo": "seq", "dr_grpo": "constant"}
+
+# %% ../../nbs/14_trl.ipynb #00751074
+def row_scale(loss_type: str, # TRL's `loss_type`, a key of `LOSS_REDUCTION`
+              rows: int, # rows of this process's cut batch, empty ones included
+              processes: int, # `accelerator.num_processes`
+              trained: int) -> float: # trained rows of every process
+    "The factor on TRL's policy and KL terms that turns its per-row denominators (grpo, dr_grpo) into the kit's"
+    if LOSS_REDUCTION[loss_type] == "token" or not trained: return 1.0
+    return rows * processes / trained
+
 # %% ../../nbs/14_trl.ipynb #b1a00018
 def check_bppo_args(a):
     "A `ValueError` naming the field when one of `a`'s BPPO knobs is out of its range"
@@ -103,6 +117,8 @@ def check_bppo_args(a):
     if a.prefix_tokens < 1: bad("prefix_tokens", ">= 1")
     if a.class_weight not in ("class", "one"): bad("class_weight", "'class' or 'one'")
     if a.loss_scale not in ("own", "grpo"): bad("loss_scale", "'own' or 'grpo'")
+    if getattr(a, "loss_type", "dapo") not in LOSS_REDUCTION:
+        bad("loss_type", f"one of {tuple(LOSS_REDUCTION)}, the kit's reductions (bnpo divides each micro-batch alone)")
 
 def _knob(name: str, why: str): return field(default=KIT_DEFAULTS[name], metadata=dict(help=why))
 
@@ -122,11 +138,13 @@ class BPPOConfig(GRPOConfig):
         check_bppo_args(self)
 
 # %% ../../nbs/14_trl.ipynb #b1a0001b
-# TRL's loss types by what `loss_scale="grpo"` counts (the kit's `algo.reduction`); the others divide by tokens
-LOSS_REDUCTION = {"grpo": "seq", "sapo": "seq", "luspo": "seq", "dr_grpo": "constant"}
-
 class BPPOTrainer(GRPOTrainer):
     "TRL's `GRPOTrainer`, training per mixed group the prefixes of its shortest correct and incorrect completion"
+    def __init__(self, *args, **kwargs):
+        "TRL's `GRPOTrainer`, then the BPPO knobs and `loss_type` checked (a plain `GRPOConfig`'s too)"
+        super().__init__(*args, **kwargs)
+        check_bppo_args(SimpleNamespace(**{k: self._bppo_knob(k) for k in KIT_DEFAULTS}, loss_type=self.loss_type))
+
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         "TRL's rewards (gathered over processes), kept with this process's completion ids"
         rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
@@ -156,7 +174,7 @@ class BPPOTrainer(GRPOTrainer):
         adv, keep, m = bppo_targets(g["rewards"], g["correct"], g["lengths"], g["n_tokens"], g["valid"],
                                     prefix_mode=k("prefix_mode"), ratio=ratio, prefix_tokens=k("prefix_tokens"),
                                     class_weight=k("class_weight"), loss_scale=k("loss_scale"),
-                                    reduction=LOSS_REDUCTION.get(self.loss_type, "token"))
+                                    reduction=LOSS_REDUCTION[self.loss_type])
         n, dev, p = out["prompt_ids"].shape[0], out["prompt_ids"].device, self.accelerator.process_index
         mine = slice(p * n, (p + 1) * n)  # this process's rows, as TRL slices its advantages
         out = compact_batch(out, adv.flatten()[mine].to(dev), keep.flatten()[mine].to(dev),
@@ -164,6 +182,18 @@ class BPPOTrainer(GRPOTrainer):
                             self.args.steps_per_generation if mode == "train" else 1, self.pad_to_multiple_of)
         mask = out["completion_mask"] if out.get("tool_mask") is None else out["completion_mask"] * out["tool_mask"]
         out["num_items_in_batch"] = self.accelerator.gather(mask.sum()).sum()  # the trained tokens, every process's
+        out["bppo_scale"] = torch.tensor(row_scale(self.loss_type, len(out["bppo_index"]),
+                                                   self.accelerator.num_processes, int((keep > 0).sum())))
         for name, v in m.items(): self._metrics[mode][f"bppo/{name}"].append(float(v))
         self._bppo_seen = None
         return out
+
+    def _compute_loss(self, model, inputs):
+        "TRL's loss, its advantages and `beta` times the batch's `row_scale` (1 under `dapo`)"
+        scale, beta = float(inputs.get("bppo_scale", 1.0)), self.beta
+        if scale == 1.0: return super()._compute_loss(model, inputs)
+        self.beta = beta * scale  # the KL term's weight, for this call only
+        try:
+            return super()._compute_loss(model, inputs | dict(advantages=inputs["advantages"] * scale))
+        finally:
+            self.beta = beta
