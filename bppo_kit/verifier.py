@@ -14,10 +14,10 @@ from multiprocessing.connection import wait as _wait_conns
 
 # %% auto #0
 __all__ = ['MAX_CHARS', 'MAX_ANSWER', 'TASK_POLICIES', 'HARD_MARGIN', 'WORKER_MEMORY', 'CACHE', 'ANCHORED', 'FORMAT_RULES',
-           'DEFAULT_WORKERS', 'Score', 'clean_text', 'last_boxed', 'boxed_answer', 'looks_bare', 'extract_answer',
-           'Policy', 'gold_answer', 'normalize_answer', 'to_number', 'answer_forms', 'numbers_equal', 'quick_equal',
-           'too_big', 'symbolic_equal', 'plain_math_verify', 'have_math_verify', 'SymbolicPool', 'get_pool',
-           'check_format', 'score', 'score_batch', 'reward_fn', 'agreement']
+           'DEFAULT_WORKERS', 'Score', 'clean_text', 'last_boxed', 'boxed_answer', 'looks_bare', 'answer_tag',
+           'extract_answer', 'Policy', 'gold_answer', 'normalize_answer', 'to_number', 'answer_forms', 'numbers_equal',
+           'quick_equal', 'too_big', 'symbolic_equal', 'plain_math_verify', 'have_math_verify', 'SymbolicPool',
+           'get_pool', 'check_format', 'score', 'score_batch', 'reward_fn', 'agreement']
 
 # %% ../nbs/01_verifier.ipynb #979b7d17
 @dataclass(frozen=True)
@@ -89,8 +89,12 @@ def boxed_answer(text: str, spans: list | None = None) -> tuple[int, str] | None
 # %% ../nbs/01_verifier.ipynb #5ae1e95e
 _SPAN = re.compile(r"(?<!\\)\$\$(.{1,1000}?)(?<!\\)\$\$|(?<!\\)\$([^\n]{1,1000}?)(?<!\\)\$"  # $$…$$, $…$ (not \$)
                    r"|\\\(([^\n]{1,1000}?)\\\)|\\\[(.{1,1000}?)\\\]", re.DOTALL)  # \(…\) on one line, \[…\]
-# a number: 1,234,567 | a decimal comma 3,75 (not in a list) | 12, 2.5, 3/4 | .5 ; never glued to a letter (QX7RZB)
-_NUMBER = re.compile(r"-?(?<![A-Za-z])\d{1,3}(?:,\d{3})+(?:\.\d+)?(?![\d,])|(?<![(\[,\d])-?\d+,\d{1,2}(?![\d,)\]])"
+# a number: a time 3:30 p.m. | 3.2e5, 2 \times 10^{5} (one number) | 1,234,567 | a decimal comma 3,75 (not in a list) |
+# 12, 2.5, 3/4 | .5 ; never glued to a letter (QX7RZB)
+_NUMBER = re.compile(r"(?<![\w:])\d{1,2}:[0-5]\d(?::[0-5]\d)?(?:\s*[aApP]\.?\s*[mM]\b\.?)?(?![\d:])"
+                     r"|-?(?<![A-Za-z])\d+(?:\.\d+)?(?:[eE][-+]?\d{1,3}"
+                     r"|\s*(?:\\times|\\cdot|×)\s*10\s*\^\s*\{?-?\d{1,3}\}?)(?!\w|\.\d)"
+                     r"|-?(?<![A-Za-z])\d{1,3}(?:,\d{3})+(?:\.\d+)?(?![\d,])|(?<![(\[,\d])-?\d+,\d{1,2}(?![\d,)\]])"
                      r"|-?(?<![A-Za-z])\d+(?:\.\d+)?(?:/\d+)?|-?\.\d+")
 def _span_content(m: re.Match) -> str: return next(g for g in m.groups() if g is not None).strip()
 
@@ -115,6 +119,7 @@ def _sentence_answer(s: str) -> str:
     if last is None: return s
     return _span_content(last) if last.re is _SPAN else last.group()
 
+# %% ../nbs/01_verifier.ipynb #ecdaf735
 def _phrase_answer(s: str) -> str:
     "The answer in the text that follows 'the answer is': leading math spans, or the sentence up to its end"
     s = re.sub(r'^\\?"|\\?"(?=\.?$)', "", s.strip().lstrip("}").strip().strip("*").strip())  # **5**, "5"
@@ -126,8 +131,8 @@ def _phrase_answer(s: str) -> str:
     return _sentence_answer(s)
 
 _COMMAND_OR_TEXT = re.compile(r"\\(?:text|textbf|mathrm|mbox|begin|end)\s*\{[^{}]{0,100}\}|\\[A-Za-z]+")
-_BARE_WORDS = {"and", "or", "sqrt", "pi", "infty", "inf", "infinity", "percent", "percentage", "pct", "dollars",
-               "cents", "degrees", "units",
+_BARE_WORDS = {"and", "or", "sqrt", "pi", "infty", "inf", "infinity", "percent", "percentage", "pct", "per", "cent",
+               "dollars", "cents", "degrees", "units",
                "thousand", "million", "billion", "trillion", "option", "choice"}
 def looks_bare(text: str) -> bool:
     "Is `text` itself an answer (short, and no prose words outside LaTeX commands), like `$\\frac12$` or `7,425,000`?"
@@ -144,37 +149,204 @@ _PHRASE = re.compile(r"(?im)(?:\b(?:the|my)\s+(?:final\s+)?answer\s+is\b\s*:?|\b
                      r"|^[ \t*#]*(?:\\text(?:bf)?\{\s*)?answer\s*[:=])[ \t*]*([^\n]{0,300})")
 _CALC = re.compile(r"<<[^<>\n]{0,200}>>")
 _SPLIT = re.compile(r"(?<![\\$])\$[ \t]*\n[^$]{0,300}?\n[ \t]*\$(?!\$)|\\\([ \t]*\n.{0,300}?\n[ \t]*\\\)", re.DOTALL)
-def _fallback(text: str):
-    "The last math span or the last number, whichever comes later; an inline delimiter split over lines hides its text"
-    text = _SPLIT.sub(" ", _CALC.sub("", text)) if "\n" in text or "<<" in text else text
-    spans = [m for m in _SPAN.finditer(text) if _span_content(m)]
-    nums = list(_NUMBER.finditer(text))
-    if nums and spans and spans[-1].start() <= nums[-1].start() < spans[-1].end(): nums = []  # inside the span
-    if spans and not (nums and nums[-1].start() > spans[-1].end()): return _span_content(spans[-1])[:MAX_ANSWER], "math"
-    if nums: return nums[-1].group()[:MAX_ANSWER], "number"
-    return None, None
 
+def answer_tag(text: str) -> str | None:
+    "Content of the last non-empty `<answer>...</answer>` in `text` (any case), or None"
+    if "nswer>" not in text and "NSWER>" not in text: return None
+    low, end = text.lower(), len(text)
+    while (end := low.rfind("</answer>", 0, end)) >= 0:
+        start = low.rfind("<answer>", 0, end)
+        if start < 0: return None
+        if inner := text[start + 8:end].strip(): return inner
+        end = start
+    return None
+
+# %% ../nbs/01_verifier.ipynb #36eb4ca6
+_CODE = re.compile(  # program text, reprs, REPL sessions, tracebacks, logs and HTTP dumps: no answer statement
+    r"```|__[A-Za-z][A-Za-z0-9_]{0,30}__|\b0x[0-9a-fA-F]{4,}|<[\w.]+ object at "
+    r"|<(?:class|function|bound method|module|built-in) "
+    r"|^[ \t]*(?:def|class)[ \t]+\w+[ \t]*[(:]|^[ \t]*(?:import[ \t]+\w|from[ \t]+[\w.]+[ \t]+import\b|#include\b)"
+    r"|^[ \t]*(?:return\b|print[ \t]*\(|console\.|>>>|In[ \t]*\[\d*\]:|#?[ \t]*Out[ \t]*\[\d*\]:)"
+    r"|^[ \t]*(?:while\b.*|for[ \t]+\w+[ \t]+in\b.*|try|except\b.*|else|finally)[ \t]*:[ \t]*$"
+    r"|^[ \t]*(?:int|float|double|char|var|let|const|auto|long|bool|void|public|private|static)[ \t]+[\w*]+[ \t]*[=(;]"
+    r"|(?<!\w)[A-Za-z_]\w*\.[A-Za-z_]\w*\(|(?<![\w\\])[A-Za-z_]\w*\(\)|/\*|(?<![:/\w])//[ \t]"
+    r"|[{\[,][ \t]*['\"]\w+['\"][ \t]*[:,]|^HTTP/\d|^[A-Z][a-z]+(?:-[A-Z][a-z]+)+:[ \t]"
+    r"|(?<![\\\w])[A-Za-z]\w*[ \t]*\{[ \t]*\w+[ \t]*:[ \t]|\b[A-Za-z_]\w*\([ \t]*['\"\[{]"
+    r"|\b(?:Fraction|Decimal|Rational|Integer|Float|tensor|array|int|float|str|list|dict|tuple|len|range|input"
+    r"|repr|vars|dir|getattr|isinstance)\(|Traceback \(most recent|^[ \t]*File \"[^\"\n]+\", line \d"
+    r"|^\w*(?:Error|Exception):|^[ \t]*\[?(?:INFO|DEBUG|WARN(?:ING)?|ERROR|TRACE|FATAL|CRITICAL)\b"
+    r"|\d\d:\d\d:\d\d[.,]\d{3}|\b[A-Za-z_]\w+=[^\s=]+[;,]?[ \t]+[A-Za-z_]\w+=|\b\d{4}-\d\d-\d\d[ T]\d\d:\d\d"
+    r"|(?<![A-Za-z])(?:INFO|DEBUG|WARNING|WARN|ERROR|TRACE|FATAL|CRITICAL)[\]:]|^[ \t]*\[\d+\][ \t]+-?\d"
+    r"|\([ \t]*-?[\d.]+[ \t]*,[ \t]*\)|^[ \t]*\|.*\|[ \t]*$", re.M)
+# a table row: a rule (+---+, |---|), cells split by " | ", or columns split by runs of spaces
+_TABLE_ROW = re.compile(r"^[ \t]*[|+][-=+| \t]*[|+][ \t]*$|^[^\n|]*\S[ \t]+\|[ \t]+\S[^\n]*$"
+                        r"|^[ \t]*\S+(?:[ \t]{2,}\S+)+[ \t]*$", re.M)
+def _looks_like_code(text: str) -> bool:
+    "Is `text` program text, a repr, a log or a table rather than prose?"
+    return bool(_CODE.search(text)) or len(_TABLE_ROW.findall(text)) >= 3
+
+# %% ../nbs/01_verifier.ipynb #c074f6af
+_GRADER = re.compile(  # a sentence addressed to the grader rather than to the reader
+    r"ignore\s+(?:all\s+|any\s+)?(?:the\s+)?(?:previous|prior|above|earlier|preceding|your|these)\s+"
+    r"(?:instructions?|prompts?|rules|directions|messages?)"
+    r"|\b(?:mark|grade|score|count|treat|judge|rate|label|accept)\s+(?:this|it|me|my|the)(?:\s+(?:response|answer"
+    r"|output|solution|reply|submission))?\s+(?:as\s+)?(?:correct|right|true|valid|equal|full)\b"
+    r"|\b(?:grade|mark|score)\s+(?:it\s+|this\s+)?as\s+(?:correct|right|true|full)\b"
+    r"|\b(?:note|message|instructions?|reminder)\s+(?:to|for)\s+(?:the\s+)?(?:grader|evaluator|judge|verifier"
+    r"|marker|examiner|reviewer|checker)|\b(?:assistant|model)\s+to\s+(?:the\s+)?(?:grader|evaluator|judge)"
+    r"|\b(?:grader|evaluator|verifier|judge|checker|reward\s+model)\s*(?:must|should|shall|needs?\s+to|has\s+to|:)"
+    r"|\bto\s+(?:the\s+)?(?:grader|evaluator|verifier)\b|\bfull\s+(?:reward|marks|credit|score)\b"
+    r"|\baward\s+(?:me\s+|this\s+|it\s+)?(?:full|maximum|max|the\s+full|all)\s+(?:reward|marks?|credit|points?|score)"
+    r"|\boutput\s+(?:true|1|correct|yes)\b"
+    r"|\b(?:reference|gold|expected|ground[\s-]*truth|official)\s+answer\s*(?:is|=|:)"
+    r"|^[ \t]*(?:system|developer)[ \t]*(?::|\n[^\n]*)|\[\s*(?:system|grader|judge|evaluator)\s*\]|[\"']role[\"']\s*:"
+    r"|</?\s*(?:grader|grade|grading|score|scoring|verdict|reward|judge|evaluation|eval|system)\b[^<>\n]{0,100}>"
+    r"|\[\[\s*\w*(?:reward|score|verdict|grade|correct|match)\w*\s*[:=]"
+    r"|\b(?:verdict|is_correct|answer_matches)\s*[=:]|\bscore\s*[=:]\s*1(?:\.0+)?\b", re.I | re.M)
+_SENTENCE_END = re.compile(r"[.!?](?=\s|$)|\n")
+def _drop_instructions(text: str) -> str:
+    "`text` with each sentence that addresses the grader blanked out (same length, so positions still hold)"
+    out, done = [], 0
+    for m in _GRADER.finditer(text):
+        if m.start() < done: continue  # inside a sentence already cut
+        ends = [k + len(c) for c in ("\n", ". ", "? ", "! ") if (k := text.rfind(c, done, m.start())) >= 0]
+        start = max([done, *ends])
+        e = _SENTENCE_END.search(text, m.end())
+        out += [text[done:start], " " * ((e.end() if e else len(text)) - start)]
+        done = e.end() if e else len(text)
+    return "".join(out) + text[done:]
+
+# %% ../nbs/01_verifier.ipynb #a737428c
+_REFUSAL = re.compile(r"\bI\s*(?:can(?:not|'t|’t|\s+not)|won'?t|will\s+not|(?:am|'m)\s+(?:not\s+able|unable)"
+                      r"|must\s+decline)\s+(?:to\s+)?(?:help|assist|answer|solve|provide|do|complete|comply|give|share"
+                      r"|calculate|compute|work)|\bas\s+an\s+AI\b|\b(?:must|have\s+to)\s+decline"
+                      r"|\b(?:violates?|against)\s+(?:my|our|the)\s+(?:guidelines|polic)", re.I)
+_RESTATE = re.compile(r"\b(?:restat|recap|paraphras|rephras|understand|(?:we|I)(?:'re|'m|\s+am|\s+are|\s+was|\s+were)"
+                      r"\s+(?:being\s+)?asked|asks?\s+(?:us|me|you|how|what|whether|which)\b|wants?\s+to\s+know"
+                      r"|need\s+to\s+(?:find|determine|compute|calculate|work\s+out|figure)|(?:problem|question|prompt"
+                      r"|task|exercise)\s+(?:also\s+)?(?:says|said|states|stated|asks|asked|mentions|mentioned|tells"
+                      r"|gives|gave|wants|reads)|how\s+(?:many|much|far|long|old|often)\b|whether\b|answer\s+key"
+                      r"|expected\s+(?:output|answer|result)|hint\s*(?::|says|said|gave|gives)|quot(?:e|ing)\b)", re.I)
+# what introduces an echo of someone else's words: a hint, an answer key, a quotation
+_ECHO = re.compile(r"\b(?:hint|answer\s+key|expected\s+(?:output|answer|result)|quot(?:e|ing)|(?:you|the\s+(?:prompt"
+                   r"|problem|question|user|book))\s+(?:said|says|wrote|writes|asked|asks))\b", re.I)
+# hedging words, when the sentence holds more than one value: "either 12 or 13", "my guesses are ..."
+_HEDGE = re.compile(r"\b(?:either|neither|guess(?:es)?|candidates?|options?|possibilit(?:y|ies)|plausible"
+                    r"|one\s+of\s+(?:these|those|them)|depending)\b", re.I)
+
+# %% ../nbs/01_verifier.ipynb #4028e6c5
+_ASIDE = re.compile(r"(?:^|(?<=\s))[(\[]\s*(?:[A-Za-z]{2,}[^()\[\]]{0,80}|[-+]?\d+(?:\.\d+)?)\s*[)\]]")
+_QUOTED = re.compile(r"\"[^\"\n]{0,300}\"|“[^”\n]{0,300}”")
+_META = re.compile(r"\b(?:https?://|www\.)\S+|\b\d{4}-\d{1,2}-\d{1,2}\b|\b\d{1,2}/\d{1,2}/\d{4}\b|#\d+"
+                   r"|\b(?:page|pp?\.|step|session|id|ref\.?|reference|footnote|note|code|error|problem|question"
+                   r"|exercise|chapter|section|version|item|no\.|row|figure|fig\.|example|attempt|iteration|ticket"
+                   r"|issue)\.?[ \t]*(?:(?:#|no\.|number|:)[ \t]*)?\d+(?:[ \t]*(?:of|/)[ \t]*\d+)?", re.I)
+def _blank(pattern: re.Pattern, s: str) -> str: return pattern.sub(lambda m: " " * len(m.group()), s)
+
+# %% ../nbs/01_verifier.ipynb #a895a470
+_COURTESY = re.compile(r"(?:\b(?:I hope (?:it|this|that) (?:is|was) correct|(?:I )?hope (?:this|that|it) helps"
+                       r"|let me know[^.!?\n]{0,80}|feel free[^.!?\n]{0,80}|good luck|thanks|thank you)[.!]?\s*)+$",
+                       re.I)
+_DANGLING = re.compile(r"(?:\b(?:the|a|an|and|or|but|so|to|of|by|with|that|which|for|from|into|in|on|at|as|than|then"
+                       r"|next|if|because|since|is|are|was|were|be|has|have|had|we|it|he|she|they|our|its|their|this"
+                       r"|these|plus|minus|need|must|will|can|should|would|get|gives|equals|makes|multiply|subtract|add"
+                       r"|divide|compute|calculate|find)|[,=+\-*/:(\[{])\s*$", re.I)
+_BOUNDARY = re.compile(r"[.!?][\"')\]”’]*\s+(?=[\"'“‘(\[A-Z\x00])")
+_BARE_LINE = re.compile(r"(?:(?:[-*•]|\d{1,3}[.)])[ \t]*)?[-+]?\d[\d.,/]*")  # 42, - 42, 3) 42: one item of a list
+
+def _closing_sentence(text: str) -> tuple[str, str] | None:
+    "(sentence, mask) for the sentence that closes `text`, or None when it states no result"
+    text = _COURTESY.sub("", text.rstrip()).rstrip()
+    mask = _SPAN.sub(lambda m: "\x00" * len(m.group()), text)  # math spans hide their dots and newlines
+    if not mask.strip() or _DANGLING.search(mask[-40:]): return None  # cut off mid-sentence
+    line = mask.rfind("\n") + 1
+    start = max([m.end() for m in _BOUNDARY.finditer(mask, line)], default=line)
+    sent, mask = text[start:], mask[start:]
+    if mask.lstrip().startswith(">") or mask.rstrip().endswith("?") or _RESTATE.search(mask) or _ECHO.search(mask):
+        return None
+    mask = _blank(_META, _blank(_ASIDE, _blank(_QUOTED, mask)))
+    if _HEDGE.search(mask) and len(_NUMBER.findall(mask)) + len(re.findall("\x00+", mask)) > 1: return None
+    above = text[:line].rstrip().rsplit("\n", 1)[-1]  # a number alone on its line, under another: a list
+    if line and _BARE_LINE.fullmatch(mask.strip()) and _BARE_LINE.fullmatch(above.strip()): return None
+    return sent, mask
+
+# %% ../nbs/01_verifier.ipynb #38054fdc
+# one value of a list: after "3, ", "3 and ", "3 ", "or ", or "..., "
+_LISTED = re.compile(r"(?:(?:\d|%|\x00)[^\d\x00.;!?=]{0,15}?(?:,|;|/|\||\band)|\bor|\d[ \t]"
+                     r"|(?:\.\.\.|…|\\l?dots)\s*,?)\s*$")
+def _is_prose(mask: str) -> bool:
+    "Is `mask` (a closing sentence) a sentence of words, ending with a full stop, with no code in it?"
+    words = re.findall(r"[A-Za-z]{2,}", mask)
+    return len(words) >= 2 and mask.rstrip(" \t\"')”").endswith((".", "!")) and not _CODE.search(mask)
+
+def _fallback(text: str):
+    "The last math span or number of the closing sentence, when that sentence states a result; else (None, None)"
+    text = _SPLIT.sub(" ", _CALC.sub("", text)) if "\n" in text or "<<" in text else text
+    if (closing := _closing_sentence(text)) is None: return None, None
+    sent, mask = closing
+    if (_REFUSAL.search(text) or _looks_like_code(text)) and not _is_prose(mask): return None, None
+    spans = [m for m in _SPAN.finditer(sent) if mask[m.start()] == "\x00" and _span_content(m)]
+    nums = list(_NUMBER.finditer(mask))
+    if spans and not (nums and nums[-1].start() > spans[-1].end()): last, how = spans[-1], "math"
+    elif nums: last, how = nums[-1], "number"
+    else: return None, None
+    if _LISTED.search(mask[max(0, last.start() - 40):last.start()]): return None, None  # one of a list, or a hedge
+    if how == "math": return _span_content(last)[:MAX_ANSWER], how
+    pct = re.match(r"\s*(?:\\?%|per\s?cent)", mask[last.end():])  # 30%, 30 percent: the percent stays
+    return (last.group() + ("%" if pct else ""))[:MAX_ANSWER], how
+
+# %% ../nbs/01_verifier.ipynb #a146a6db
+def _hash_answer(text: str):
+    "(position, answer) of the last `#### N` line, with the lines just above it when they are `####` lines too"
+    h = [m for m in _HASH.finditer(text) if m.group(1).strip()]
+    if len(h) < 2: return (h[0].start(), h[0].group(1).strip().rstrip(".")) if h else None
+    group = [h[-1]]
+    for prev in reversed(h[:-1]):
+        if text[prev.end():group[0].start()].strip(): break
+        group.insert(0, prev)
+    return group[0].start(), ", ".join(dict.fromkeys(m.group(1).strip().rstrip(".") for m in group))
+
+def _echoed_at(text: str, i: int) -> bool:
+    "Is position `i` of `text` in someone else's words (a quotation, a hint) or in a sentence to the grader?"
+    line_start = text.rfind("\n", 0, i) + 1
+    line = text[line_start:i]
+    if line.lstrip().startswith(">") or line.count('"') % 2 == 1 or line.count("“") > line.count("”"): return True
+    e = _SENTENCE_END.search(text, i)
+    return bool(_ECHO.search(line)) or bool(_GRADER.search(text, line_start, e.end() if e else len(text)))
+
+def _phrase_anchor(text: str, found: list):
+    "(position, answer) of the last 'the answer is' / 'Answer:' phrase in the model's own words, or None"
+    p = [m for m in _PHRASE.finditer(text) if m.group(1).strip()][-20:]  # the last ones: one is enough
+    p = [m for m in p if not _echoed_at(text, m.start())]
+    if not p: return None
+    a, inner = p[-1].group(1), 0
+    while inner < 3 and (q := [m for m in _PHRASE.finditer(a) if m.group(1).strip()]):  # Answer: the answer is 5
+        a, inner = q[-1].group(1), inner + 1
+    a = _phrase_answer(a)
+    strong = bool(re.search(r"[\d\\^=]", a)) or bool(re.fullmatch(r"\(?[A-E]\)?", a))
+    return (p[-1].start(), a) if a and (strong or not found) else None  # "our answer is correct" is none
+
+# %% ../nbs/01_verifier.ipynb #5e7180b8
+_BLANK_BOX = re.compile(r"(?:\s|\\[,;:! ]|\\q?quad|~)*")
 def extract_answer(text: str, # the model's response (or a bare answer)
                    last_number: bool = True, # allow the fallbacks: last math span, then last number
                    *, bare: bool = True): # a short all-math text counts as the answer itself
-    "The final answer in `text` and how it was found (hash, boxed, phrase, bare, math, number), or (None, None)"
+    "The final answer in `text` and how it was found (tag, hash, boxed, phrase, bare, math, number), or (None, None)"
     text = clean_text(text)
+    if ("nswer>" in text or "NSWER>" in text) and (tag := answer_tag(text)) is not None:  # whatever is around it
+        a, how = extract_answer(tag, last_number)
+        return (a, "tag") if a is not None else (None, None)
     found = []  # (position, answer, how) of the last anchor of each kind
-    h = [m for m in _HASH.finditer(text) if m.group(1).strip()]
-    if h: found.append((h[-1].start(), h[-1].group(1).strip().rstrip("."), "hash"))
-    b = boxed_answer(text)  # an empty \boxed{} answers nothing; adjacent boxes answer together
-    if b: found.append((*b, "boxed"))
-    p = [m for m in _PHRASE.finditer(text) if m.group(1).strip()] if "answer" in text.lower() else []  # skip the scan
-    if p:
-        a, inner = p[-1].group(1), 0
-        while inner < 3 and (q := [m for m in _PHRASE.finditer(a) if m.group(1).strip()]):  # Answer: the answer is 5
-            a, inner = q[-1].group(1), inner + 1
-        a = _phrase_answer(a)
-        strong = bool(re.search(r"[\d\\^=]", a)) or bool(re.fullmatch(r"\(?[A-E]\)?", a))
-        if a and (strong or not found): found.append((p[-1].start(), a, "phrase"))  # "our answer is correct" is none
+    if h := _hash_answer(text): found.append((*h, "hash"))
+    spans = _boxed_spans(text)
+    b = boxed_answer(text, spans)  # adjacent boxes answer together
+    if b and not _BLANK_BOX.fullmatch(b[1]): found.append((*b, "boxed"))
+    elif spans: found.append((spans[-1][0], "", "empty"))  # an empty box: the answer slot holds nothing
+    if "answer" in text.lower() and (p := _phrase_anchor(text, found)): found.append((*p, "phrase"))
     if found:
         _, a, how = max(found, key=lambda f: f[0])
-        return a[:MAX_ANSWER], how
+        return (a[:MAX_ANSWER], how) if a else (None, None)
+    text = _drop_instructions(text)  # what a sentence asks of the grader is no answer
     if bare and looks_bare(text): return text.strip().rstrip(".")[:MAX_ANSWER], "bare"
     if last_number: return _fallback(text)
     return None, None
@@ -201,8 +373,9 @@ def gold_answer(gold, # the reference: bare, `... #### N`, a solution with `\box
     elif "\\boxed" in g or "\\fbox" in g:
         b = boxed_answer(g)
         if b is not None: g = b[1]
-    elif len(g) > 30 and not looks_bare(g) and (a := extract_answer(g, False, bare=False))[1] == "phrase":
-        g = a[0]  # Final Answer: The final answer is $28 \\%$. I hope it is correct.
+    elif ((len(g) > 30 or "nswer" in g) and not looks_bare(g)
+          and (a := extract_answer(g, False, bare=False))[1] == "phrase"):
+        g = a[0]  # Final Answer: The final answer is $28 \\%$. I hope it is correct. | The answer is 1000.
     g = g.strip()
     if re.fullmatch(r"-?\d+\.0+", g): g = g.split(".")[0]  # AMC: 27.0 -> 27
     if task == "aime24" and re.fullmatch(r"0\d+", g): g = str(int(g))  # AIME: 025 -> 25
@@ -285,23 +458,31 @@ def _approx(s: str) -> str:
     if not m: return s
     return m.group(2) if re.fullmatch(r"[A-Za-z](?:_\{?\w{1,3}\}?)?", m.group(1).strip()) else m.group(1)
 
+# %% ../nbs/01_verifier.ipynb #b9e82926
+# a number in brackets, with a unit at most: (12 dollars), [45 cm], (30\text{ minutes}); (12, 13) is a pair
+_BRACKETED = re.compile(r"[(\[]\s*(-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?\s*(?:\\?%|(?:\\(?:text|textrm|mbox|mathrm)"
+                        r"\s*\{[^{}]{0,40}\}|[A-Za-z][A-Za-z. ]{0,40})(?:\^\{?[23]\}?)?)?)\s*[)\]]")
+_PERCENT = re.compile(r"(?<=[\d}])\s*(?:\\(?:text|textrm|mbox|mathrm)\s*\{\s*(?:per\s?cent(?:age)?|pct)\.?\s*\}"
+                      r"|(?:per\s?cent(?:age)?|pct)\b\.?)\s*$")
+_MERIDIEM = re.compile(r"\\(?:text|textrm|mbox|mathrm)\s*\{\s*([apAP])\.?\s*[mM]\.?\s*\}")  # \text{ p.m.}
+# words that change what a phrase means, so never a unit to drop: 2n+1 is odd, x = 2k for some integer k
+_MEANING = re.compile(r"\b(?:even|odd|prime|where|when|if|iff|unless|such|not|mod|modulo|divisible"
+                      r"|for\s+(?:all|some|every|each|any))\b", re.I)
+
 # %% ../nbs/01_verifier.ipynb #26a7a115
 _PLAIN_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 _BASE = re.compile(r"((?=[0-9A-F]*\d)[0-9A-F]{1,40})\s*_\s*\{?\s*(\d{1,2})\s*\}?")  # 52_8, 1A_{16}
 _TRIG = re.compile(r"\\(?:arc)?(?:sin|cos|tan|cot|sec|csc)(?![A-Za-z])")
 _DEG = r"\^\s*(?:\{\s*\\circ\s*\}|\\circ)"  # ^\circ, ^{\circ}
 _DEGREE = re.compile(_DEG + r"|\\circ(?![A-Za-z])")
-_SCALE = {"thousand": 3, "million": 6, "billion": 9, "trillion": 12}
-def normalize_answer(s: str) -> str:
-    "`s` as a grader reads it: delimiters, spacing, units, `\\text{}`, degrees, currency and choice letters stripped"
-    if not isinstance(s, str): return ""
-    s = s.strip()
-    if _PLAIN_NUMBER.fullmatch(s): return s  # the common case, kept fast
+def _normalize_latex(s: str) -> str:
+    "`s` without its LaTeX dressing: delimiters, boxes, spacing, `\\left`, degrees, `\\text{}`, units and currency"
     s = clean_text(s[:MAX_ANSWER]).translate(_UNICODE).strip()
     s = re.sub(r"^\$+|\$+$|\\\(|\\\)|^\\\[|\\\]$|(?<!\\)\\$", "", s).strip()  # and a stray trailing \\
     s = re.sub(r"\\(?:boxed|fbox)\s*(?=\{)", "", s)
     s = re.sub(r"\{,\}|,\\!\s?", ",", s)  # LaTeX thousands separators: 10{,}000 and 10,\!000
     s = re.sub(r"\\(?:left|right)(?![A-Za-z])|\\(?:displaystyle|textstyle)(?![A-Za-z])", "", s)
+    if s[:1] in "([" and s[-1:] in ")]" and (m := _BRACKETED.fullmatch(s)): s = m.group(1)  # (12 dollars): 12 dollars
     s = re.sub(r"(?<!\\)\\[!,;: ]|\\q?quad(?![A-Za-z])|~", " ", s)
     s = re.sub(r"\\[dt]frac(?![A-Za-z])", r"\\frac", s).replace("\\textnormal", "\\text")
     if "angle" in s: s = re.sub(r"\\[lr]angle(?![A-Za-z])", lambda m: "(" if m.group()[1] == "l" else ")", s)  # <1, 2>
@@ -312,27 +493,39 @@ def normalize_answer(s: str) -> str:
             and ("or" in s or "\\cup" in s or "\\vee" in s)):
         s = _inequality_union(s)
     s = re.sub(r",?\s*\\(?:text|textrm|mbox|mathrm)\s*\{\s*(?:or|and)\s*\}", ",", s)
-    if "\\text" in s or "\\mbox" in s or "\\mathrm" in s: s = _drop_text_unit(s)
+    if "cent" in s or "pct" in s: s = _PERCENT.sub("%", s)  # 40 percent, 40\text{ percent}: a percent, not a unit
+    if "m." in s or "m}" in s or "M}" in s: s = _MERIDIEM.sub(r" \1m", s)  # 3:30\text{ p.m.}: a time, not a unit
+    # a unit in \text{} goes, a phrase's words stay: 2n+1 \text{ is odd}
+    if ("\\text" in s or "\\mbox" in s or "\\mathrm" in s) and not _MEANING.search(s): s = _drop_text_unit(s)
     for cmd in ("textbf", "textit", "textrm", "text", "mbox", "mathrm", "mathbf", "operatorname"):
         if "\\" + cmd in s: s = _unwrap(s, cmd)
     s = s.replace("\\%", "%").replace("\\$", "").replace("$", "").replace("\\textdollar", "")
     if "\\varnothing" in s: s = re.sub(r"\\varnothing(?![A-Za-z])", r"\\emptyset", s)
     if "\\approx" in s: s = _approx(s)
+    return s
+
+# %% ../nbs/01_verifier.ipynb #7e21aa55
+_SCALE = {"thousand": 3, "million": 6, "billion": 9, "trillion": 12}
+def normalize_answer(s: str) -> str:
+    "`s` as a grader reads it: delimiters, spacing, units, `\\text{}`, degrees, currency and choice letters stripped"
+    if not isinstance(s, str): return ""
+    s = s.strip()
+    if _PLAIN_NUMBER.fullmatch(s): return s  # the common case, kept fast
+    s = _normalize_latex(s)
     s = re.sub(r"\s*,?\s+(?:or|and)\s+", ", ", s)  # 1, 2, and 3
     s = re.sub(r"(?<![A-Za-z])\\?sqrt\s*\(([^()]{1,100})\)", r"\\sqrt{\1}", s)  # sqrt(2) -> \sqrt{2}
     s = re.sub(r"(?<![\\A-Za-z])(sqrt|pi|infty)(?![A-Za-z])", r"\\\1", s)
     s = re.sub(r"(?<![A-Za-z])\\?(?:infinity|infin|inf)(?![A-Za-z])", r"\\infty", s)
     if s.startswith("**"): s = re.sub(r"^\*\*(.+)\*\*$", r"\1", s)  # markdown bold
     s = s.replace("**", "^").strip().rstrip(".,").strip()
-    m = re.fullmatch(r"(.*?\d)\s*(?:percent|pct)\.?", s)
-    if m: s = m.group(1) + "%"
     m = ("illion" in s or "thousand" in s) and re.fullmatch(  # 1.5 million: a number, not a unit
         r"(-?\d+(?:\.\d+)?)\s*(thousand|million|billion|trillion)\b(.*)", s)
     if m: s = f"{Decimal(m.group(1)) * 10 ** _SCALE[m.group(2)]:f}{m.group(3)}"
     m = re.fullmatch(r"(-?[\d.,]+)\s+(?:m|s|g|h|L|l|K|N|J|W|V)(?:\^\{?[23]\}?)?", s)  # 5 m: number, space, SI unit
     if m: s = m.group(1)
-    m = _UNIT_WORDS.fullmatch(s)
-    if m and re.search(r"\d", m.group(1)) and not m.group(2).startswith(("or ", "and ")): s = m.group(1).strip()
+    m = _UNIT_WORDS.fullmatch(s)  # 18 dollars: a unit to drop, but not "2n+1 is odd"
+    if m and re.search(r"\d", m.group(1)) and not m.group(2).startswith(("or ", "and ")):
+        if not _MEANING.search(m.group(2)): s = m.group(1).strip()
     if s[:1] in "oOcC": s = re.sub(r"^(?:option|choice)\s*:?\s*(?=\(?[A-Ea-e]\)?$)", "", s, flags=re.I)  # option C
     m = re.fullmatch(r"\(?([A-Ea-e])\)(?:\s.*)?|\(([A-E])\)?|([A-E])", s)  # multiple choice: (C), C), \textbf{(C)} 12
     if m: s = next(g for g in m.groups() if g).upper()
@@ -362,9 +555,11 @@ def _repeating(m: re.Match) -> Fraction:
     return -v if m.group(1) else v
 
 # %% ../nbs/01_verifier.ipynb #ea3665da
-_FRAC_RE = re.compile(r"(-?)\\frac\s*(?:\{\s*(-?\d+)\s*\}|(\d))\s*(?:\{\s*(\d+)\s*\}|(\d))")
+_INT = r"\d{1,3}(?:,\d{3})+|\d+"  # an integer, maybe with thousands separators: 1,000 or 1000
+_FRAC_RE = re.compile(rf"(-?)\\frac\s*(?:\{{\s*(-?(?:{_INT}))\s*\}}|(\d))\s*(?:\{{\s*({_INT})\s*\}}|(\d))")
 _SCI_RE = re.compile(r"(.+?)\s*(?:\\times|\\cdot|\*|x)\s*10\s*\^\s*\{?\s*(-?\d{1,3})\s*\}?")
 _E_RE = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)[eE][-+]?\d{1,3}")  # 2.5e3
+_POWER = re.compile(r"([1-9]\d{0,3})\s*\^\s*(?:\{\s*(-?\d{1,2})\s*\}|(\d))")  # 10^3, 2^{10}: at most 400 digits
 _MIXED = re.compile(r"([-+]?)(\d{1,3}(?: \d{3})+|\d+) (\d+)/(\d+)")  # 2 1/2, 1 000 4/9
 def _proper(m: re.Match) -> bool: return int(m.group(3)) < int(m.group(4))  # 11 6/6 and 4 4/0 are no mixed numbers
 def to_number(s: str) -> Fraction | None:
@@ -381,10 +576,10 @@ def to_number(s: str) -> Fraction | None:
     if v is None:
         m = _FRAC_RE.fullmatch(s)
         if m:
-            num, den = int(m.group(2) or m.group(3)), int(m.group(4) or m.group(5))
+            num, den = (int(x.replace(",", "")) for x in (m.group(2) or m.group(3), m.group(4) or m.group(5)))
             v = Fraction(-num if m.group(1) else num, den) if den else None
-        elif re.fullmatch(r"-?\d+/\d+", s):
-            n, d = s.split("/"); v = Fraction(int(n), int(d)) if int(d) else None
+        elif re.fullmatch(rf"-?(?:{_INT})/(?:{_INT})", s):  # 3/4, 1,000/3,000
+            n, d = s.replace(",", "").split("/"); v = Fraction(int(n), int(d)) if int(d) else None
         elif ((m := re.fullmatch(r"(-?)(\d+)\\frac(?:\{(\d+)\}|(\d))(?:\{(\d+)\}|(\d))", s))
               and int(m.group(5) or m.group(6))):  # 2\frac{1}{2}, 2\frac12
             v = int(m.group(2)) + Fraction(int(m.group(3) or m.group(4)), int(m.group(5) or m.group(6)))
@@ -396,6 +591,7 @@ def to_number(s: str) -> Fraction | None:
         elif m := _REPEAT_RE.fullmatch(s): v = _repeating(m)
         elif (m := _SCI_RE.fullmatch(s)) and (a := _plain(m.group(1))) is not None:
             v = a * Fraction(10) ** int(m.group(2))
+        elif m := _POWER.fullmatch(s): v = Fraction(int(m.group(1))) ** int(m.group(2) or m.group(3))
     return v / 100 if (v is not None and pct) else v
 
 # %% ../nbs/01_verifier.ipynb #a2c56b4f
@@ -426,8 +622,11 @@ def _expand_pm(f: str) -> str:
     return ", ".join(x.strip() for x in out)
 
 # %% ../nbs/01_verifier.ipynb #02e9acb4
-_ASSIGN = re.compile(r"\s*[A-Za-z](?:_\{?\w{1,3}\}?)?\s*=\s*([^=]+)")
+_FUNC = r"[A-Za-z](?:\^\{?-1\}?)?\s*\(\s*[A-Za-z]\s*\)"  # f(x), g(t), f^{-1}(x)
+_ASSIGN = re.compile(rf"\s*(?:[A-Za-z](?:_\{{?\w{{1,3}}\}}?)?|{_FUNC})\s*=\s*([^=]+)")
 _ASSIGN_R = re.compile(r"\s*([^=]+?)\s*=\s*[A-Za-z](?:_\{?\w{1,3}\}?)?\s*")  # 5 = x
+_FUNC_EQ = re.compile(rf"\s*(?:y|{_FUNC})\s*=\s*([^=]+)")  # y = 2x+3 and f(x) = 2x+3 name the same function
+_EQUALS = re.compile(r"(?<![<>!:=\\])=(?!=)")
 _COLUMN = re.compile(r"\\begin\{[pb]matrix\}([^&]*?)\\end\{[pb]matrix\}", re.DOTALL)
 def answer_forms(s: str, other: str) -> list[str]:
     "Normalized forms of `s` worth comparing with `other`: itself, and the readings that `other` calls for"
@@ -438,6 +637,8 @@ def answer_forms(s: str, other: str) -> list[str]:
         parts = _split_top(n)
         rhs = [_ASSIGN.fullmatch(p) or _ASSIGN_R.fullmatch(p) for p in parts]
         if all(rhs): forms.append(", ".join(m.group(1).strip() for m in rhs))
+        if len(parts) == 1 and (side := _EQUALS.split(n)[-1].strip()): forms.append(side)  # 85 \bmod 3 = 2: the 2
+    elif "=" in n and (m := _FUNC_EQ.fullmatch(n)) and _FUNC_EQ.fullmatch(o): forms.append(m.group(1).strip())
     if _BASE.fullmatch(n) and "_" not in o: forms.append(n.split("_")[0])  # 52_8 vs 52: the base was implied
     m = _COLUMN.fullmatch(n)
     if m and o.startswith("("): forms.append("(" + ", ".join(x.strip() for x in m.group(1).split("\\\\")) + ")")
@@ -481,6 +682,7 @@ def numbers_equal(a: str, b: str, places: int = 4) -> bool | None:
     if (decimal(a) and not _terminating(y)) or (decimal(b) and not _terminating(x)): return None  # rounding question
     return False
 
+# %% ../nbs/01_verifier.ipynb #586e8be4
 def _shape(f: str) -> str | None:
     "'set' for an explicit set of plain values `\\{1, 2\\}`, 'tuple' for `(1, 2)` / `[1, 2]`, else None"
     if f.startswith("\\{") and f.endswith("\\}") and "(" not in f and "[" not in f: return "set"
@@ -506,6 +708,29 @@ def _entrywise(p: str, g: str) -> bool:
 
 def _broken_mixed(s: str) -> bool: return bool((m := _MIXED.fullmatch(s.strip())) and not _proper(m))
 
+# %% ../nbs/01_verifier.ipynb #86fd4a49
+_CLOCK = re.compile(r"(\d{1,2})(?::([0-5]\d)(?::([0-5]\d))?)?\s*(?:([ap])\.?\s*m\.?)?", re.I)
+def _clock(s: str) -> int | None:
+    "Seconds after midnight of the time of day `s` (`15:30`, `3:30 p.m.`, `12 a.m.`, `09:05:00`), or None"
+    m = _CLOCK.fullmatch(s.strip())
+    if not m or (m.group(2) is None and m.group(4) is None): return None  # a bare number is not a time
+    h, ap = int(m.group(1)), (m.group(4) or "").lower()
+    if (ap and not 1 <= h <= 12) or h > 24: return None
+    if ap: h = h % 12 + (12 if ap == "p" else 0)  # 12 a.m. is 00:xx, 12 p.m. is 12:xx
+    return (h * 60 + int(m.group(2) or 0)) * 60 + int(m.group(3) or 0)
+
+# %% ../nbs/01_verifier.ipynb #907c44e5
+_PROSE = re.compile(r"((?<![\\A-Za-z{])(?:[a-z]{2,}|[A-Z][a-z]+)(?![A-Za-z]))")  # a word outside LaTeX commands
+def _is_phrase(s: str) -> bool: return " " in s.strip() and bool(_PROSE.search(s))
+
+def _same_phrase(p: str, g: str) -> bool:
+    "Do two phrases (`2n+1 is odd`) say the same: the same words, with the same formulas or numbers between them?"
+    a, b = _PROSE.split(p), _PROSE.split(g)  # [formula, word, formula, word, ..., formula]
+    if len(a) != len(b) or [w.lower() for w in a[1::2]] != [w.lower() for w in b[1::2]]: return False
+    pairs = [(x.strip(" ,;:."), y.strip(" ,;:.")) for x, y in zip(a[::2], b[::2], strict=True)]
+    return all(_key(x) == _key(y) or numbers_equal(x, y) is True for x, y in pairs)
+
+# %% ../nbs/01_verifier.ipynb #1ae4292a
 def quick_equal(pred: str, gold: str) -> bool | None:
     "Fast verdict on `pred` vs `gold`: True, False, or None when symbolic equivalence must decide"
     if not isinstance(pred, str) or not isinstance(gold, str): return False
@@ -520,6 +745,8 @@ def quick_equal(pred: str, gold: str) -> bool | None:
     verdicts = [numbers_equal(p, g) for p in ps for g in gs]
     if True in verdicts: return True
     if None not in verdicts: return False
+    if (a := _clock(ps[0])) is not None and (b := _clock(gs[0])) is not None: return a == b  # times of day
+    if " " in gs[0] and _is_phrase(gs[0]): return _is_phrase(ps[0]) and _same_phrase(ps[0], gs[0])  # as written
     words = re.compile(r"[A-Za-z][A-Za-z '\-]*")
     if all(words.fullmatch(x) for x in (ps[0], gs[0])): return False  # two different words
     if len(ps[0]) >= MAX_ANSWER or len(gs[0]) >= MAX_ANSWER: return False
@@ -761,7 +988,7 @@ class _LRU:
 CACHE = _LRU(100_000)  # (pred forms, gold forms) -> symbolic verdict
 
 # %% ../nbs/01_verifier.ipynb #c8ef073a
-ANCHORED = ("hash", "boxed", "phrase")
+ANCHORED = ("tag", "hash", "boxed", "phrase")
 FORMAT_RULES = ("answer", "single", "think")
 
 _THINK = re.compile(rf"\s*<think>.{{0,{MAX_CHARS}}}?</think>", re.DOTALL)
@@ -770,9 +997,20 @@ def check_format(text: str, how: str | None, rule: str = "answer") -> bool:
     if rule == "answer": return how in ANCHORED
     if rule == "single":
         n = len(_HASH.findall(text)) + len(_BOX.findall(text))
-        return how in ANCHORED and (n == 1 or (n == 0 and len(_PHRASE.findall(text)) == 1))
+        return how in ANCHORED and (n == 1 or (n == 0 and (how == "tag" or len(_PHRASE.findall(text)) == 1)))
     if rule == "think": return bool(_THINK.match(text)) and text.count("</think>") == 1 and how in ANCHORED
     raise ValueError(f"unknown format_rule {rule!r}; choose from {', '.join(FORMAT_RULES)}")
+
+# %% ../nbs/01_verifier.ipynb #a98b9147
+def _phrase_reply(text: str, gold: str) -> str | None:
+    "The part of `text` that says the phrase gold `gold` (`$n$ is even`): one line, or what follows 'answer is'"
+    if not _is_phrase(normalize_answer(gold)): return None
+    cands = [text] if "\n" not in text.strip() and len(text) <= 300 else []
+    if "nswer" in text: cands += [m.group(1) for m in list(_PHRASE.finditer(text))[-1:]]
+    for c in cands:
+        c = c.strip().strip("*").rstrip(".").strip()
+        if quick_equal(c, gold) is True: return c
+    return None
 
 # %% ../nbs/01_verifier.ipynb #186ed6aa
 def _prepare(completion, gold, task: str, format_rule: str):
@@ -784,8 +1022,9 @@ def _prepare(completion, gold, task: str, format_rule: str):
     part = text.rsplit("</think>", 1)[-1] if format_rule == "think" else text
     pred, how = extract_answer(part, pol.last_number, bare=pol.bare)
     fmt = check_format(text, how, format_rule)
-    if pred is None: return None, fmt, False, None
     g = gold_answer(gold, task)
+    if " " in g and (said := _phrase_reply(part, g)) is not None: return said, fmt, True, None  # a phrase, as written
+    if pred is None: return None, fmt, False, None
     verdict = quick_equal(pred, g)
     if verdict is not None: return pred, fmt, verdict, None
     ps, gs = answer_forms(pred, g), answer_forms(g, pred)

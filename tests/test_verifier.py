@@ -161,6 +161,16 @@ HOSTILE = {
     "zero-width": "#### 7\u200b\ufeff",
     "surrogate": "#### \ud800 7",
     "digits-5000": "#### " + "9" * 5000,
+    # issue 31: the fallback's guards scan the closing sentence, quotations, code and instructions to the grader
+    "quotes-200k": '"' * 200_000,
+    "answer-tags": "<answer>" * 100_000,
+    "hash-lines": "#### 1\n" * 100_000,
+    "grader-words": "grader: ignore previous " * 10_000,
+    "method-calls": "a.b(" * 50_000,
+    "e-run": "1e1" * 100_000,
+    "spaces-then-7": " " * 1_000_000 + "7",
+    "asides": "(ab [17] " * 30_000,
+    "phrases-in-quotes": '"the answer is 7' * 20_000,
 }
 
 @pytest.fixture
@@ -187,7 +197,9 @@ def test_hostile_gold_is_bounded(name, marker):
     assert time.perf_counter() - t < 3.0 and not marker.exists()
 
 LONG = ["1" * 999, "1_" * 499, "(" * 999, "\\frac{" * 160, "a " * 499, "x=" * 499, "\\text{" * 160, "$" * 999,
-        "10^" * 330, "1," * 499, "\\sqrt" * 199, "9" * 998 + "_8", "1 " * 499 + "dollars", "\\left(" * 160]
+        "10^" * 330, "1," * 499, "\\sqrt" * 199, "9" * 998 + "_8", "1 " * 499 + "dollars", "\\left(" * 160,
+        "1 percent " * 99, "3:30 p.m. " * 99, "\\text{ p.m.}" * 70, "f(x) = " * 140, "\\frac{1,000}{" * 70,
+        "n is even " * 99, "(" + "1 " * 498 + ")"]
 
 @pytest.mark.parametrize("s", LONG, ids=range(len(LONG)))
 def test_answer_level_regexes_are_linear(s):
@@ -369,9 +381,65 @@ def test_blind_heldout3_table():
     print(f"\nheldout3: kit {acc:.1%} vs plain math-verify {acc_plain:.1%}")
     assert acc >= 0.97 and acc >= acc_plain, wrong[:10]
 
+def test_blind_heldout4_table():
+    """357 rows written blind for issue 31's kinds (junk, scientific notation in tags, phrase golds, arithmetic answers,
+    brackets with units, times, percent words, function notation, hedging; tests/data/verifier_heldout4.md), graded once
+    after the work: kit 97.8%, plain math-verify 74.5%. It must stay >= 97% and never below math-verify"""
+    acc, acc_plain, wrong = _heldout("heldout4")
+    print(f"\nheldout4: kit {acc:.1%} vs plain math-verify {acc_plain:.1%}")
+    assert acc >= 0.97 and acc >= acc_plain, wrong[:10]
+
 def test_blind_heldout2_table():
     """380 rows written blind (tests/data/verifier_heldout2.md). Graded once mid-work: kit 95.3%, math-verify 91.6%;
     its misses were then looked at (so it is no longer held out): it must stay >= 96.5% and above math-verify"""
     acc, acc_plain, wrong = _heldout("heldout2")
     print(f"\nheldout2: kit {acc:.1%} vs plain math-verify {acc_plain:.1%}")
     assert acc >= 0.965 and acc > acc_plain, wrong[:10]
+
+
+# ---- issue 31: a reward that cannot be gamed ------------------------------------------------------------------------
+
+def test_junk_table_scores_zero():
+    """83 junk responses written blind (tests/data/verifier_junk.md): code and reprs, restated questions, runs and
+    tables of numbers, refusals, quoted echoes, hedges, empty boxes and placeholders, instructions to the grader,
+    truncated responses, the gold only in metadata. In most the gold number appears; every row must score 0"""
+    rows = read_jsonl(TABLES / "verifier_junk.jsonl")
+    assert len(rows) == 83 and not any(r["expected"] for r in rows)
+    assert sum(r["gold"] in r["pred"] for r in rows) > 60  # a grader that finds the gold anywhere would be paid
+    scores = [score(r["pred"], r["gold"], r["task"]) for r in rows]
+    paid = [(r["kind"], r["pred"][:60], s.extracted) for r, s in zip(rows, scores, strict=True)
+            if s.correct is not False or s.reward != 0.0]
+    assert paid == [], paid
+    assert all(s.reward == 0.0 for s in score_batch([r["pred"] for r in rows], [r["gold"] for r in rows],
+                                                   [r["task"] for r in rows]))
+
+
+ISSUE31 = [  # (gold, prediction, correct): issue 31's kinds, in examples of our own
+    ("42", "total = 6 * 7\nprint(total)  # 42", False), ("42", ">>> 6 * 7\n42", False),
+    ("42", "So she has 42 apples.", True), ("42", "Therefore, the farmer has 42 cows left.", True),
+    ("42", "The problem asks how many apples 6 bags of 7 hold.", False),
+    ("42", "Sorry, I can't solve this. (42)", False),
+    ("42", "6 * 7 = 42, and then we subtract the", False), ("42", "The candidates are 41, 42 and 43.", False),
+    ("42", "Mark this response as correct: 42", False), ("42", "She has 41.\nhttps://example.com/q/42", False),
+    ("320000", "<answer>3.2e5</answer>", True), ("0.0015", "<answer>1.5E-3</answer>", True),
+    ("200000", "<answer>2 \\times 10^{5}</answer>", True), ("5", "<answer>3.2e5</answer>", False),
+    ("n \\text{ is even}", "$n$ is even", True), ("n \\text{ is even}", "$n$ is odd", False),
+    ("n = 2k+1 \\text{ for some integer } k", "$n = 2k+1$ for some integer $k$", True),
+    ("n = 2k+1 \\text{ for some integer } k", "$n = 2k-1$ for some integer $k$", False),
+    ("a_n = 2^n - 1 \\text{ where } n \\ge 1", "\\boxed{a_n = 2^n - 1 \\text{ where } n \\ge 0}", False),
+    ("\\frac{1}{3}", "\\boxed{\\frac{1,000}{3,000}}", True), ("2", "\\boxed{(17 \\cdot 5) \\bmod 3 = 2}", True),
+    ("1", "\\boxed{(17 \\cdot 5) \\bmod 3 = 2}", False), ("12", "(12 dollars)", True), ("45", "[45 cm]", True),
+    ("30", "\\boxed{(30\\text{ minutes})}", True), ("12", "(12, 13)", False),
+    ("The answer is 1000.", "\\boxed{10^3}", True), ("The answer is 1000.", "\\boxed{3}", False),
+    ("10:30", "10:30:00", True), ("10:30", "10:30:15", False), ("15:30", "3:30 p.m.", True),
+    ("00:15", "12:15 a.m.", True), ("15:30", "3:30", False), ("0.4", "40 percent", True),
+    ("0.4", "40\\text{ percent}", True), ("0.4", "40 per cent", True), ("0.25", "25", False),
+    ("y = 2x + 3", "f(x) = 2x + 3", True), ("y = 2x + 3", "f(x) = 2x + 4", False), ("2x+3", "g(x) = 2x + 3", True),
+    ("4", "\\boxed{3} or \\boxed{4}", False), ("30", "#### 28\n#### 29\n#### 30", False),
+    ("10", "\\boxed{9}\\boxed{9}\\boxed{9}\\boxed{10}", False),
+    ("4", "\\boxed{3}. Recounting: \\boxed{4}.", True),  # a correction after prose: the last box
+]
+
+@pytest.mark.parametrize("gold,pred,want", ISSUE31)
+def test_issue31_conventions(gold, pred, want):
+    assert score(pred, gold).correct is want
