@@ -1,0 +1,71 @@
+"""Cost to the baseline's accuracy, seed by seed, from a `bppo compare` folder.
+
+`bppo compare` sets one target for all seeds (the baseline's mean final accuracy less a tolerance). When the baseline
+moves little, that target can sit below some seeds' starting accuracy and every "cost to target" is 0. This script
+gives each seed its own target: the baseline's final accuracy *for that seed* on the cheap subset evaluations
+(`train.eval_subset`, the same problems every time) less `--tolerance`, and reports each variant's cost until its
+subset evaluations first reached it, and until they reached it twice in a row (held).
+
+    python benchmarks/seed_targets.py runs/tail-e2 --baseline ppo --unit decode_steps
+"""
+import argparse, json, statistics
+from pathlib import Path
+
+
+def rows(p: Path) -> list[dict]: return [json.loads(l) for l in p.read_text().splitlines() if l.strip()]
+
+
+def subset_curve(run: Path, unit: str) -> list[tuple[float, float]]:
+    "(cost spent, accuracy on the subset) at every evaluation that has one: subset rows, and full rows' subset_accuracy"
+    m, e = rows(run / "metrics.jsonl"), rows(run / "eval.jsonl")
+    spent = [0.0]
+    for r in m: spent.append(spent[-1] + r[unit])
+    full = max((r.get("problems") or 0) for r in e)
+    out = []
+    for r in e:
+        acc = r["accuracy"] if (r.get("problems") or full) < full else r.get("subset_accuracy")
+        if acc is not None and r["step"] < len(spent): out.append((spent[r["step"]], acc))
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("folder", type=Path)
+    ap.add_argument("--baseline", default="ppo")
+    ap.add_argument("--unit", default="decode_steps")
+    ap.add_argument("--tolerance", type=float, default=0.01)
+    a = ap.parse_args()
+    runs: dict[str, dict[int, Path]] = {}
+    for d in sorted(a.folder.iterdir()):
+        if d.is_dir() and (d / "eval.jsonl").exists() and "-s" in d.name:
+            name, seed = d.name.rsplit("-s", 1)
+            runs.setdefault(name, {})[int(seed)] = d
+    base = runs.pop(a.baseline)
+    print(f"| variant | seed | target (baseline's final subset acc - {a.tolerance:g}) | baseline's {a.unit} "
+          f"| final subset acc | {a.unit} to target | vs baseline | {a.unit} to held target | vs baseline |")
+    print("|---" * 9 + "|")
+    ratios: dict[str, list] = {}
+    for name, seeds in [(a.baseline, base), *runs.items()]:
+        for s, run in sorted(seeds.items()):
+            if s not in base: continue
+            bc = subset_curve(base[s], a.unit)
+            target, budget = bc[-1][1] - a.tolerance, bc[-1][0]
+            c = subset_curve(run, a.unit)
+            ok = [acc >= target for _, acc in c]
+            hit = next((x for (x, _), y in zip(c, ok) if y), None)
+            held = next((x for (x, _), y, z in zip(c, ok, ok[1:]) if y and z), None)
+            f = lambda v: "never" if v is None else f"{v:.0f}"
+            r = lambda v, b=budget: "–" if v is None else f"{v / b:.2f}x"
+            ratios.setdefault(name, []).append((hit, held, budget))
+            print(f"| {name} | {s} | {100 * target:.1f} | {budget:.0f} | {100 * c[-1][1]:.1f} | {f(hit)} | {r(hit)} "
+                  f"| {f(held)} | {r(held)} |")
+    for name, xs in ratios.items():
+        hits = [h / b for h, _, b in xs if h is not None]
+        helds = [h / b for _, h, b in xs if h is not None]
+        mean = lambda v: f"{statistics.fmean(v):.2f}x" if v else "–"
+        print(f"{name}: to target {mean(hits)} ({len(hits)} of {len(xs)} seeds), held {mean(helds)} "
+              f"({len(helds)} of {len(xs)} seeds)")
+
+
+if __name__ == "__main__":
+    main()
