@@ -9,7 +9,7 @@ pytest.importorskip("trl", reason="TRL is the optional `trl` extra: pip install 
 pytest.importorskip("datasets", reason="datasets comes with the `trl` extra: pip install bppo_kit[trl]")
 from types import SimpleNamespace
 from datasets import Dataset
-from transformers import Qwen2ForCausalLM, TrainerCallback
+from transformers import TrainerCallback
 from trl import GRPOConfig
 from bppo_kit.bppo import BPPO, prefix_lengths, scheduled_ratio
 from bppo_kit.config import data_dir, get_config
@@ -17,10 +17,11 @@ from bppo_kit.core import Completion
 from bppo_kit.data import Example
 from bppo_kit.integrations.trl import (KIT_DEFAULTS, LOSS_REDUCTION, BPPOConfig, BPPOTrainer, bppo_targets,
                                        compact_batch, row_scale)
-from bppo_kit.policy import char_tokenizer, load_policy, tiny_config
+from bppo_kit.policy import load_policy
 from bppo_kit.sampler import PromptSource, score_rollout
 from bppo_kit.update import update
 from bppo_kit.verifier import reward_fn
+from conftest import moved_policy
 
 needs_tiny = pytest.mark.skipif(not (data_dir() / "tiny_policy" / "config.json").exists(),
                                 reason="the shipped tiny policy is missing (run `make sft`)")
@@ -213,27 +214,6 @@ class Grads(TrainerCallback):
         self.grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
 
 
-@pytest.fixture(scope="module")
-def random_tiny(tmp_path_factory) -> str:
-    "A folder holding a tiny random Qwen2 and the char tokenizer (TRL loads its reference model from the policy's)"
-    tok = char_tokenizer()
-    torch.manual_seed(0)
-    model = Qwen2ForCausalLM(tiny_config(tok, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64))
-    folder = tmp_path_factory.mktemp("random_tiny")
-    model.save_pretrained(folder)
-    tok.save_pretrained(folder)
-    return str(folder)
-
-
-def moved(folder: str):
-    "The saved model, its weights moved a little (seeded) so that it is not its own reference"
-    model, tok = load_policy(folder)
-    with torch.no_grad():
-        for i, p in enumerate(model.parameters()):
-            p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(i)))
-    return model, tok
-
-
 # TRL passes no position ids: a left-padded prompt's positions start later than the kit's, which is the same in exact
 # arithmetic (RoPE is relative) but not in float32 (~1e-5 of the gradient), so the prompts are of one length
 def same_length_prompts(n: int) -> list:
@@ -247,7 +227,7 @@ def same_length_prompts(n: int) -> list:
 
 def trl_step(folder: str, loss_type: str, beta: float, unscaled: bool = False):
     "One `BPPOTrainer` step: the trainer (cut batch, losses), the gradient, the graded log, the kit's starting model"
-    model, tok = moved(folder)
+    model, tok = moved_policy(folder)
     start = copy.deepcopy(model)  # before TRL patches the model's forward
     exs = same_length_prompts(NB)
     log = []

@@ -23,14 +23,14 @@ import pytest, torch
 pytest.importorskip("trl", reason="TRL is the optional `trl` extra: pip install bppo_kit[trl]")
 pytest.importorskip("datasets", reason="datasets comes with the `trl` extra: pip install bppo_kit[trl]")
 from datasets import Dataset
-from transformers import Qwen2ForCausalLM
 from trl import GRPOConfig, GRPOTrainer
 from bppo_kit.config import get_config
 from bppo_kit.core import Completion, Rollout, TrainItem, clipped_surrogate
 from bppo_kit.data import Example
 from bppo_kit.distributed import Dist
 from bppo_kit.grpo import GRPO, TRL_DEFAULTS
-from bppo_kit.policy import char_tokenizer, load_policy, tiny_config
+from bppo_kit.policy import char_tokenizer, load_policy
+from conftest import moved_policy
 from bppo_kit.update import micro_batch_tensors, policy_logprobs, update, update_epoch
 
 B, G, P, C = 8, 4, 5, 8  # completions (two groups), group size, prompt tokens, max_completion_length
@@ -40,28 +40,7 @@ REL = 1e-6
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    "A tiny random Qwen2 and the char tokenizer, saved (TRL loads its reference model from the policy's folder)"
-    tok = char_tokenizer()
-    torch.manual_seed(0)
-    m = Qwen2ForCausalLM(tiny_config(tok, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64))
-    d = tmp_path_factory.mktemp("tiny_random")
-    m.save_pretrained(d)
-    tok.save_pretrained(d)
-    return str(d)
-
-
-def policy(folder: str):
-    "The saved model with its weights moved (seeded), so the policy is not its own reference"
-    model, tok = load_policy(folder)
-    with torch.no_grad():
-        for i, p in enumerate(model.parameters()):
-            p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(i)))
-    return model, tok
-
-
-@pytest.fixture(scope="module")
-def batch(tiny):
+def batch(random_tiny):
     "One batch: equal-length prompts (no left padding: both sides see the same positions), completions of 1..C tokens"
     g = torch.Generator().manual_seed(1)
     V = len(char_tokenizer())
@@ -138,7 +117,7 @@ def gap(kit: tuple, trl: tuple) -> tuple[float, float]:
 
 def kit_update(folder: str, b: dict, reduction: str, beta: float, corrected: bool) -> tuple[float, dict]:
     "The kit's `update` (as the trainer calls it), on-policy, with the saved model as reference: loss and gradients"
-    model, tok = policy(folder)
+    model, tok = moved_policy(folder)
     ref = load_policy(folder)[0] if beta else None
     mets = update(model, torch.optim.SGD(model.parameters(), lr=0.0), items_of(b), kit_cfg(reduction, beta, corrected),
                   tok.pad_token_id, ref_model=ref)
@@ -148,7 +127,7 @@ def kit_update(folder: str, b: dict, reduction: str, beta: float, corrected: boo
 def kit_epoch(folder: str, b: dict, old: torch.Tensor, ref: torch.Tensor, reduction: str, beta: float,
               corrected: bool) -> tuple[float, dict, float]:
     "The kit's `update_epoch` with given old and reference log-probs [B, C]: loss, gradients and clipped tokens"
-    model, tok = policy(folder)
+    model, tok = moved_policy(folder)
     cfg, items = kit_cfg(reduction, beta, corrected), items_of(b)
     mb = micro_batch_tensors(items, tok.pad_token_id)
     assert mb.mask.shape == (B, C)
@@ -164,25 +143,25 @@ def kit_epoch(folder: str, b: dict, old: torch.Tensor, ref: torch.Tensor, reduct
 
 @pytest.mark.parametrize("kl", list(KL))
 @pytest.mark.parametrize("reduction", list(PAIRS))
-def test_update_equals_trl_compute_loss(tiny, batch, reduction, kl):
+def test_update_equals_trl_compute_loss(random_tiny, batch, reduction, kl):
     "On-policy (TRL's `num_iterations=1`: old = the current log-probs), the reference model's log-probs by each side"
     beta, corrected = KL[kl]
-    model, tok = policy(tiny)
+    model, tok = moved_policy(random_tiny)
     tr = trl_trainer(model, tok, PAIRS[reduction], beta, corrected)
     b = dict(batch, ref_per_token_logps=trl_ref_logps(tr, batch)) if beta else batch
     trl = trl_loss_grads(tr, b)
-    dl, dg = gap(kit_update(tiny, batch, reduction, beta, corrected), trl)
+    dl, dg = gap(kit_update(random_tiny, batch, reduction, beta, corrected), trl)
     print(f"update vs TRL {PAIRS[reduction]}, KL {kl}: loss {dl:.1e}, grad {dg:.1e} (relative)")
     assert dl <= REL and dg <= REL
     # the twin that must not match: the same batch under another reduction
     other = {"token": "seq", "seq": "constant", "constant": "token"}[reduction]
-    assert gap(kit_update(tiny, batch, other, beta, corrected), trl)[1] > 1e-3
+    assert gap(kit_update(random_tiny, batch, other, beta, corrected), trl)[1] > 1e-3
 
 
 @pytest.fixture(scope="module")
-def off_policy(tiny, batch):
+def off_policy(random_tiny, batch):
     "Old and reference log-probs [B, C] away from the policy's: ratios of ~0.6 to 1.7, so the clip acts both ways"
-    model, tok = policy(tiny)
+    model, tok = moved_policy(random_tiny)
     mb = micro_batch_tensors(items_of(batch), tok.pad_token_id)
     lp = policy_logprobs(model, mb.batch, mb.mask, kit_cfg("token", 0.0, False))
     g = torch.Generator().manual_seed(2)
@@ -191,20 +170,20 @@ def off_policy(tiny, batch):
 
 @pytest.mark.parametrize("kl", list(KL))
 @pytest.mark.parametrize("reduction", list(PAIRS))
-def test_update_epoch_equals_trl_off_policy(tiny, batch, off_policy, reduction, kl):
+def test_update_epoch_equals_trl_off_policy(random_tiny, batch, off_policy, reduction, kl):
     "Given old and reference log-probs (TRL's `old_per_token_logps`, `ref_per_token_logps`): the clip, the KL's ratio"
     beta, corrected = KL[kl]
     old, ref = off_policy
-    model, tok = policy(tiny)
+    model, tok = moved_policy(random_tiny)
     tr = trl_trainer(model, tok, PAIRS[reduction], beta, corrected)
     trl = trl_loss_grads(tr, dict(batch, old_per_token_logps=old, ref_per_token_logps=ref))
-    loss, grads, clipped = kit_epoch(tiny, batch, old, ref, reduction, beta, corrected)
+    loss, grads, clipped = kit_epoch(random_tiny, batch, old, ref, reduction, beta, corrected)
     dl, dg = gap((loss, grads), trl)
     print(f"update_epoch vs TRL {PAIRS[reduction]} off-policy, KL {kl}: loss {dl:.1e}, grad {dg:.1e} (relative)")
     assert clipped > 0  # the clip acted on some tokens
     assert dl <= REL and dg <= REL
     if beta:  # the twin: the other KL (plain k3 for corrected, and back) does not match off-policy
-        loss2, grads2, _ = kit_epoch(tiny, batch, old, ref, reduction, beta, not corrected)
+        loss2, grads2, _ = kit_epoch(random_tiny, batch, old, ref, reduction, beta, not corrected)
         assert max(gap((loss2, grads2), trl)) > 1e-3
 
 
@@ -221,9 +200,9 @@ REWARDS = torch.tensor([[1., 0., 0., 1.], [.3, .9, .1, .5], [1., 1., 1., 1.], [.
 
 
 @pytest.mark.parametrize("scale", ["group", "batch", "none"])
-def test_advantages_equal_trl(tiny, scale):
+def test_advantages_equal_trl(random_tiny, scale):
     "TRL's advantages of a generation batch (a real step, rewards given) = `GRPO.prepare` with TRL's std and eps"
-    model, tok = load_policy(tiny)
+    model, tok = load_policy(random_tiny)
     rewards = REWARDS.flatten().tolist()
     nB = REWARDS.shape[0]
     args = GRPOConfig(output_dir=tempfile.mkdtemp(prefix="trl_parity_"), report_to="none", use_cpu=True, bf16=False,
