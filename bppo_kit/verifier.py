@@ -69,19 +69,26 @@ def last_boxed(text: str) -> str | None:
     spans = _boxed_spans(text)
     return spans[-1][1] if spans else None
 
+# %% ../nbs/01_verifier.ipynb #813dbefd
 _GLUE = re.compile(r"\\(?:text|textrm|textnormal|mbox|mathrm)\s*\{([^{}]{0,20})\}|\$|\\[()\[\]]|\\q?quad(?![A-Za-z])"
                    r"|\\[,;:! ]|~|&")  # delimiters and spacing between boxes; \text{and} keeps its word
 _CONNECTIVE = re.compile(r"(?:[A-Za-z]{2,15}\s*)?(?:,|;|and|or|,\s*and|,\s*or)?"  # "apples and", ",", ""
                          r"(?:\s*[A-Za-z](?:_\{?\w{1,3}\}?)?\s*=)?", re.I)  # and the next box's "x ="
+# boxes in the branches of a condition: "fair: 8; otherwise 10", "8 if fair, else 10", "alternatively", "depending on"
+_BRANCH = re.compile(r"\b(?:otherwise|alternatively|or\s+else|depending\s+(?:on|upon)|whereas|if\s+not)\b"
+                     r"|(?:^|[;,:])\s*else\b|^(?:if|unless)\b", re.I)
 def boxed_answer(text: str, spans: list | None = None) -> tuple[int, str] | None:
-    "(position, content) of the last box, joined with the boxes just before it when only a connective separates them"
+    "(position, content) of the last box, joined with the boxes before it that only a connective or a branch separates"
     spans = [x for x in (_boxed_spans(text) if spans is None else spans) if x[1]]
     if not spans: return None
     group, ends = [spans[-1]], _brace_pairs(text)
     for prev in reversed(spans[:-1]):
-        j = text.find("{", prev[0]); end = ends.get(j, -1) + 1 if j >= 0 else 0
-        between = text[end:group[0][0]] if 0 < end <= group[0][0] else "#"
-        if len(between) > 60 or not _CONNECTIVE.fullmatch(_GLUE.sub(r" \1 ", between).strip()): break
+        j = text.find("{", prev[0])
+        end, start = (ends.get(j, -1) + 1 if j >= 0 else 0), group[0][0]
+        if not 0 < end <= start or start - end > 300: break  # nested boxes, or far apart
+        between = _GLUE.sub(r" \1 ", text[end:start]).strip()
+        # other prose between two boxes makes the later one a correction
+        if not ((start - end <= 60 and _CONNECTIVE.fullmatch(between)) or _BRANCH.search(between)): break
         group.insert(0, prev)
     parts = list(dict.fromkeys(c for _, c in group))  # the same box written twice is one answer
     return group[0][0], ", ".join(parts)
@@ -89,9 +96,10 @@ def boxed_answer(text: str, spans: list | None = None) -> tuple[int, str] | None
 # %% ../nbs/01_verifier.ipynb #5ae1e95e
 _SPAN = re.compile(r"(?<!\\)\$\$(.{1,1000}?)(?<!\\)\$\$|(?<!\\)\$([^\n]{1,1000}?)(?<!\\)\$"  # $$…$$, $…$ (not \$)
                    r"|\\\(([^\n]{1,1000}?)\\\)|\\\[(.{1,1000}?)\\\]", re.DOTALL)  # \(…\) on one line, \[…\]
-# a number: a time 3:30 p.m. | 3.2e5, 2 \times 10^{5} (one number) | 1,234,567 | a decimal comma 3,75 (not in a list) |
-# 12, 2.5, 3/4 | .5 ; never glued to a letter (QX7RZB)
+# a number: a time 3:30 p.m. or 6 p.m. | 3.2e5, 2 \times 10^{5} (one number) | 1,234,567 | a decimal comma 3,75 (not in
+# a list) | 12, 2.5, 3/4 | .5 ; never glued to a letter (QX7RZB)
 _NUMBER = re.compile(r"(?<![\w:])\d{1,2}:[0-5]\d(?::[0-5]\d)?(?:\s*[aApP]\.?\s*[mM]\b\.?)?(?![\d:])"
+                     r"|(?<![\w:.,])\d{1,2}\s*[aApP]\.?\s*[mM]\b\.?"
                      r"|-?(?<![A-Za-z])\d+(?:\.\d+)?(?:[eE][-+]?\d{1,3}"
                      r"|\s*(?:\\times|\\cdot|×)\s*10\s*\^\s*\{?-?\d{1,3}\}?)(?!\w|\.\d)"
                      r"|-?(?<![A-Za-z])\d{1,3}(?:,\d{3})+(?:\.\d+)?(?![\d,])|(?<![(\[,\d])-?\d+,\d{1,2}(?![\d,)\]])"
@@ -181,9 +189,36 @@ _CODE = re.compile(  # program text, reprs, REPL sessions, tracebacks, logs and 
 # a table row: a rule (+---+, |---|), cells split by " | ", or columns split by runs of spaces
 _TABLE_ROW = re.compile(r"^[ \t]*[|+][-=+| \t]*[|+][ \t]*$|^[^\n|]*\S[ \t]+\|[ \t]+\S[^\n]*$"
                         r"|^[ \t]*\S+(?:[ \t]{2,}\S+)+[ \t]*$", re.M)
+
+# %% ../nbs/01_verifier.ipynb #5d3c601d
+# text written for a machine, not a reader, beyond `_CODE`; each alternative opens with a literal character, so the
+# regex engine jumps from one candidate to the next: markup (a tag with quoted attributes, an HTML element, <?xml,
+# <!DOCTYPE, <!-- -->, an entity), query languages (SQL, XPath), pytest ids and terminal log prefixes
+_NOT_PROSE = re.compile(
+    r"<[A-Za-z][\w:.-]{0,30}(?:[ \t]+[\w:.-]{1,30}[ \t]*=[ \t]*(?:\"[^\"\n]{0,200}\"|'[^'\n]{0,200}')){1,20}[ \t]*/?>"
+    r"|</?(?:html|head|body|div|span|table|thead|tbody|tr|td|th|ul|ol|li|h[1-6]|br|hr|img|pre|code|script|style"
+    r"|form|input|button|section|article|nav|header|footer|svg|strong|em|font|center|iframe|meta|link|title)"
+    r"(?:[ \t]+[\w:.-]{1,30}[ \t]*=[ \t]*(?:\"[^\"\n]{0,200}\"|'[^'\n]{0,200}'|[\w.#-]{1,50})){0,20}[ \t]*/?>"
+    r"|</[pabiu]>|<[?!](?:xml|DOCTYPE|doctype|--)|&(?:nbsp|lt|gt|amp|quot|#\d{1,5});"
+    r"|SELECT\b[^\n]{0,200}?\b(?:FROM|WHERE)\b|UPDATE[ \t]+\w+[ \t]+SET\b|INSERT[ \t]+INTO\b|DELETE[ \t]+FROM\b"
+    r"|CREATE[ \t]+TABLE\b|ALTER[ \t]+TABLE\b|DROP[ \t]+TABLE\b|GROUP[ \t]+BY\b|ORDER[ \t]+BY\b|\[@[\w-]{1,30}"
+    r"|\.py::\w|\.py[ \t]+[.FEsx]{1,80}[ \t]+\[[ \t]*\d{1,3}%\]|\[\d{2,7}\]:[ \t]|Process finished with exit code\b")
+_KEY_VALUE = r"[ \t]*(?:-[ \t]+)?[a-z]{2}[\w.-]{0,40}[ \t]*[:=][ \t]*[^\s:=]{1,80}[ \t]*"  # version: 1.4.2, port = 80
+# the same, at the start of a line: two lines of key: value (YAML) or key = value (INI, TOML), an INI [section] over
+# one; lower-case SQL, Cypher, GraphQL; test runners (unittest, pytest); bracketed timestamps and shell prompts
+_NOT_PROSE_LINE = re.compile(
+    rf"^(?:{_KEY_VALUE}\n{_KEY_VALUE}$|[ \t]*\[[A-Za-z_][\w. -]{{0,40}}\][ \t]*\n{_KEY_VALUE}$"
+    r"|[ \t]*select\b[^\n]{0,200}?\bfrom\b|[ \t]*(?:MATCH|MERGE)[ \t]*\(|[ \t]*(?:query|mutation)\b[^\n{}]{0,60}\{"
+    r"|[ \t]*(?:FAIL|FAILED|ERROR|PASSED|XFAIL|XPASS|SKIPPED)\b:?[ \t]+[\w/.]*test|Ran[ \t]+\d+[ \t]+tests?\b"
+    r"|[ \t]*(?:\.{1,80}[FE]|[FE]{1,80}\.)[.FEsx]{1,80}(?:[ \t]+\[[ \t]*\d{1,3}%\])?[ \t]*$"
+    r"|collected[ \t]+\d+[ \t]+items?[ \t]*$|E[ \t]{2,}assert\b"
+    r"|=+[ \t][^\n]{0,100}?\b(?:passed|failed|errors?|test[ \t]+session[ \t]+starts)\b|[ \t]*\[\d\d:\d\d(?::\d\d)?\]"
+    r"|[ \t]*\$[ \t]+(?:python3?|pip|npm|node|git|cd|ls|cat|echo|curl|bash|sh|make)\b)", re.M)
+
 def _looks_like_code(text: str) -> bool:
-    "Is `text` program text, a repr, a log or a table rather than prose?"
-    return bool(_CODE.search(text)) or len(_TABLE_ROW.findall(text)) >= 3
+    "Is `text` program text, a repr, a log, a table, markup, a query, a config block or test output, not prose?"
+    if _CODE.search(text) or _NOT_PROSE.search(text) or _NOT_PROSE_LINE.search(text): return True
+    return len(_TABLE_ROW.findall(text)) >= 3
 
 # %% ../nbs/01_verifier.ipynb #c074f6af
 _GRADER = re.compile(  # a sentence addressed to the grader rather than to the reader
@@ -230,9 +265,11 @@ _RESTATE = re.compile(r"\b(?:restat|recap|paraphras|rephras|understand|(?:we|I)(
 # what introduces an echo of someone else's words: a hint, an answer key, a quotation
 _ECHO = re.compile(r"\b(?:hint|answer\s+key|expected\s+(?:output|answer|result)|quot(?:e|ing)|(?:you|the\s+(?:prompt"
                    r"|problem|question|user|book))\s+(?:said|says|wrote|writes|asked|asks))\b", re.I)
-# hedging words, when the sentence holds more than one value: "either 12 or 13", "my guesses are ..."
+# hedging words, when the sentence holds more than one value: "either 12 or 13", "my guesses are ...", and the
+# branches of a condition: "8 if it is fair; otherwise 10", "8 if fair, else 10"
 _HEDGE = re.compile(r"\b(?:either|neither|guess(?:es)?|candidates?|options?|possibilit(?:y|ies)|plausible"
-                    r"|one\s+of\s+(?:these|those|them)|depending)\b", re.I)
+                    r"|one\s+of\s+(?:these|those|them)|depending|otherwise|alternatively|or\s+else|whereas)\b"
+                    r"|[;,]\s*else\b", re.I)
 
 # %% ../nbs/01_verifier.ipynb #4028e6c5
 _ASIDE = re.compile(r"(?:^|(?<=\s))[(\[]\s*(?:[A-Za-z]{2,}[^()\[\]]{0,80}|[-+]?\d+(?:\.\d+)?)\s*[)\]]")
@@ -499,6 +536,7 @@ def _normalize_latex(s: str) -> str:
     if ("\\text" in s or "\\mbox" in s or "\\mathrm" in s) and not _MEANING.search(s): s = _drop_text_unit(s)
     for cmd in ("textbf", "textit", "textrm", "text", "mbox", "mathrm", "mathbf", "operatorname"):
         if "\\" + cmd in s: s = _unwrap(s, cmd)
+    if "cent" in s or "pct" in s: s = _PERCENT.sub("%", s)  # \text{30 percent}: the word sat inside with its number
     s = s.replace("\\%", "%").replace("\\$", "").replace("$", "").replace("\\textdollar", "")
     if "\\varnothing" in s: s = re.sub(r"\\varnothing(?![A-Za-z])", r"\\emptyset", s)
     if "\\approx" in s: s = _approx(s)
@@ -628,6 +666,7 @@ _ASSIGN_R = re.compile(r"\s*([^=]+?)\s*=\s*[A-Za-z](?:_\{?\w{1,3}\}?)?\s*")  # 5
 _FUNC_EQ = re.compile(rf"\s*(?:y|{_FUNC})\s*=\s*([^=]+)")  # y = 2x+3 and f(x) = 2x+3 name the same function
 _EQUALS = re.compile(r"(?<![<>!:=\\])=(?!=)")
 _COLUMN = re.compile(r"\\begin\{[pb]matrix\}([^&]*?)\\end\{[pb]matrix\}", re.DOTALL)
+_HOUR = re.compile(r"(\d{1,2})\s*[ap]\.?\s*m\.?", re.I)  # 6 p.m.: a time on the hour
 def answer_forms(s: str, other: str) -> list[str]:
     "Normalized forms of `s` worth comparing with `other`: itself, and the readings that `other` calls for"
     n, o = normalize_answer(s), normalize_answer(other)
@@ -640,6 +679,8 @@ def answer_forms(s: str, other: str) -> list[str]:
         if len(parts) == 1 and (side := _EQUALS.split(n)[-1].strip()): forms.append(side)  # 85 \bmod 3 = 2: the 2
     elif "=" in n and (m := _FUNC_EQ.fullmatch(n)) and _FUNC_EQ.fullmatch(o): forms.append(m.group(1).strip())
     if _BASE.fullmatch(n) and "_" not in o: forms.append(n.split("_")[0])  # 52_8 vs 52: the base was implied
+    # 6 p.m. against a bare number: the hour as written (against a time, `_clock` compares it as 18:00)
+    if n[-1:] in "mM" and (m := _HOUR.fullmatch(n)) and _PLAIN_NUMBER.fullmatch(o): forms.append(m.group(1))
     m = _COLUMN.fullmatch(n)
     if m and o.startswith("("): forms.append("(" + ", ".join(x.strip() for x in m.group(1).split("\\\\")) + ")")
     if "\\pm" not in o and "\\mp" not in o:  # 1 \pm \sqrt2 is two answers: 1+\sqrt2, 1-\sqrt2

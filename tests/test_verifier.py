@@ -171,6 +171,13 @@ HOSTILE = {
     "spaces-then-7": " " * 1_000_000 + "7",
     "asides": "(ab [17] " * 30_000,
     "phrases-in-quotes": '"the answer is 7' * 20_000,
+    # the kinds behind heldout4's misses: markup, queries, config blocks, test logs, meridiems, branches between boxes
+    "sql-run": "SELECT " * 200_000 + "7",
+    "open-tags": '<div class="a" ' * 60_000 + "7",
+    "key-values": "ab: 1\n" * 200_000 + "7",
+    "test-dots": ".F" * 500_000 + "\n7",
+    "meridiems": "6 p.m. " * 200_000 + "7",
+    "branch-boxes": "\\boxed{1} otherwise " * 60_000 + "\\boxed{7}",
 }
 
 @pytest.fixture
@@ -384,10 +391,12 @@ def test_blind_heldout3_table():
 def test_blind_heldout4_table():
     """357 rows written blind for issue 31's kinds (junk, scientific notation in tags, phrase golds, arithmetic answers,
     brackets with units, times, percent words, function notation, hedging; tests/data/verifier_heldout4.md), graded once
-    after the work: kit 97.8%, plain math-verify 74.5%. It must stay >= 97% and never below math-verify"""
+    after the work: kit 97.8%, plain math-verify 74.5%. Its 8 misses were then looked at (so it is no longer held out)
+    and their kinds fixed in lesson 01, all but the late correction the kit's convention reads as one: 99.7%. It must
+    stay >= 99% and never below math-verify"""
     acc, acc_plain, wrong = _heldout("heldout4")
     print(f"\nheldout4: kit {acc:.1%} vs plain math-verify {acc_plain:.1%}")
-    assert acc >= 0.97 and acc >= acc_plain, wrong[:10]
+    assert acc >= 0.99 and acc >= acc_plain, wrong[:10]
 
 def test_blind_heldout2_table():
     """380 rows written blind (tests/data/verifier_heldout2.md). Graded once mid-work: kit 95.3%, math-verify 91.6%;
@@ -442,4 +451,38 @@ ISSUE31 = [  # (gold, prediction, correct): issue 31's kinds, in examples of our
 
 @pytest.mark.parametrize("gold,pred,want", ISSUE31)
 def test_issue31_conventions(gold, pred, want):
+    assert score(pred, gold).correct is want
+
+
+HELDOUT4_KINDS = [  # (gold, prediction, correct): the kinds behind heldout4's misses, in examples of our own
+    # text for machines that ends in the gold: markup, queries, config blocks, test-runner and terminal output
+    ("17", "SELECT name FROM pets WHERE legs = 17", False), ("17", "UPDATE pets SET legs = 17", False),
+    ("17", '<p class="total">17', False), ("17", "<li>17</li>", False), ("17", "<?xml version='1.0'?>\n17", False),
+    ("17", "pets: 4\nlegs: 17", False), ("17", "[farm]\nlegs = 17", False), ("17", "- name: hen\n  legs: 17", False),
+    ("17", "...E\nERROR: test_legs (test_farm.TestFarm)\nRan 17", False),
+    ("17", "====== 17 passed in 0.3s ======", False), ("17", "$ python farm.py\n17", False),
+    ("17", "[09:14:02] legs 17", False),
+    # short answers still answer, and prose after machine text still does
+    ("17", "17", True), ("17", "x = 17", True), ("17", "The answer: 17", True), ("17", "Answer: 17", True),
+    ("17", "So the farm has 17 legs.", True), ("17", "legs: 17", True),
+    ("17", '<p class="t">4</p>\nSo there are 17.', True),
+    # an hour with a meridiem and no minutes
+    ("07:00", "The bus leaves at 7 a.m.", True), ("19:00", "The bus leaves at 7 a.m.", False),
+    ("19:00", "\\boxed{7 \\text{ p.m.}}", True), ("7", "The bus leaves at 7 pm.", True), ("19", "at 7 pm", False),
+    # a percent word inside \text{} with its number
+    ("0.15", "\\boxed{\\text{15 percent}}", True), ("15", "\\boxed{\\text{15 per cent}}", True),
+    ("0.16", "\\boxed{\\text{15 percent}}", False), ("15", "\\boxed{\\text{15 cm}}", True),
+    # boxes in the branches of a condition: a hedge; a box after other prose: a correction
+    ("9", "If $k$ is odd the sum is $\\boxed{9}$; otherwise it is $\\boxed{11}$.", False),
+    ("11", "If $k$ is odd the sum is $\\boxed{9}$; otherwise it is $\\boxed{11}$.", False),
+    ("11", "$\\boxed{9}$ if $k$ is odd, else $\\boxed{11}$", False),
+    ("11", "\\boxed{9}, or else \\boxed{11}", False), ("11", "\\boxed{9}. Alternatively, \\boxed{11}.", False),
+    ("9, 11", "$\\boxed{9}$ if $k$ is odd, otherwise $\\boxed{11}$", True),
+    ("11", "If $k$ is odd, $\\boxed{11}$; otherwise also $\\boxed{11}$.", True),
+    ("11", "The sum is 9 if $k$ is odd; otherwise 11.", False),
+    ("11", "I got \\boxed{9}, but recounting the odd terms gives \\boxed{11}.", True),
+]
+
+@pytest.mark.parametrize("gold,pred,want", HELDOUT4_KINDS)
+def test_heldout4_kinds(gold, pred, want):
     assert score(pred, gold).correct is want
