@@ -20,9 +20,8 @@ def subset_items(r: Rollout, # a scored rollout of B groups of G
                  adv: torch.Tensor) -> tuple[list[TrainItem], dict]: # [B, G] their advantages
     "Train items of the kept completions with a non-zero advantage, whole, and the step's metrics"
     items = []
-    for i, c in enumerate(r.completions):
-        a = adv.flatten()[i].item()
-        if keep.flatten()[i] and a != 0.0:
+    for c, kept, a in zip(r.completions, keep.flatten().tolist(), adv.flatten().tolist()):
+        if kept and a != 0.0:
             items.append(TrainItem(c.prompt_ids, c.completion_ids, a, c.n_tokens, sample_logprobs=c.logprobs or None))
     m = dict(frac_zero_std_groups=zero_signal_frac(r.rewards), selected_sequences=len(items),
              kept_completions=int(keep.sum()), kept_tokens=sum(it.n_train for it in items))
