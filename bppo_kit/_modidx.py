@@ -201,6 +201,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                       'bppo_kit.distributed.check_world': ('distributed.html#check_world', 'bppo_kit/distributed.py'),
                                       'bppo_kit.distributed.checkpoint_states': ( 'distributed.html#checkpoint_states',
                                                                                   'bppo_kit/distributed.py'),
+                                      'bppo_kit.distributed.close_group': ('distributed.html#close_group', 'bppo_kit/distributed.py'),
                                       'bppo_kit.distributed.deal_items': ('distributed.html#deal_items', 'bppo_kit/distributed.py'),
                                       'bppo_kit.distributed.deepspeed_problem': ( 'distributed.html#deepspeed_problem',
                                                                                   'bppo_kit/distributed.py'),

@@ -4,7 +4,7 @@
 
 # %% ../nbs/03e_distributed.ipynb #2c795017
 from __future__ import annotations
-import importlib.util, os, warnings
+import atexit, importlib.util, os, warnings
 from contextlib import nullcontext
 from dataclasses import replace
 import torch
@@ -12,8 +12,8 @@ from .config import Config, ConfigError
 from .core import Rollout, TrainItem
 
 # %% auto #0
-__all__ = ['Dist', 'bare', 'launched_world', 'check_world', 'deepspeed_problem', 'fsdp_problem', 'launch_problem', 'init_dist',
-           'gather_rollout', 'deal_items', 'full_state_dict', 'checkpoint_states', 'load_optimizer_state',
+__all__ = ['Dist', 'bare', 'close_group', 'launched_world', 'check_world', 'deepspeed_problem', 'fsdp_problem', 'launch_problem',
+           'init_dist', 'gather_rollout', 'deal_items', 'full_state_dict', 'checkpoint_states', 'load_optimizer_state',
            'reduce_metrics']
 
 # %% ../nbs/03e_distributed.ipynb #ae99ca02
@@ -92,6 +92,12 @@ def bare(model):
     "The module inside a DDP wrapper; `model` itself otherwise"
     return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
 
+# %% ../nbs/03e_distributed.ipynb #ec8f6735
+def close_group():
+    "Destroy the default process group if there is one (at exit: a no-op when there is none or it is gone)"
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
 # %% ../nbs/03e_distributed.ipynb #946a1dcc
 def launched_world() -> int:
     "How many processes a launcher (`accelerate launch`, `torchrun`) started (its `WORLD_SIZE`; 1 when none did)"
@@ -140,6 +146,7 @@ def init_dist(cfg: Config, cpu: bool) -> Dist: # `cpu`: the run's device is the 
                       kwargs_handlers=[DistributedDataParallelKwargs(broadcast_buffers=False)])
     if _env_true("ACCELERATE_USE_FSDP") and acc.distributed_type.name != "FSDP":
         raise ConfigError(fsdp_problem(f"{acc.distributed_type.name} on {acc.device}"))
+    atexit.register(close_group)  # before the interpreter tears down, not during
     d = Dist(acc)
     if d.kind == "fsdp" and cfg.model.lora_r:
         raise ConfigError("model.lora_r: LoRA runs replicated (its adapter is small); launch with "
