@@ -38,8 +38,9 @@ records `checks` (name -> bool); the run exits 1 if a section failed or a check 
    `"planner": "unavailable"` where there is no planner).
 5. `train`: one `train_step` per loss kernel (naive, chunked, auto) through `setup` at the 0.5B shape,
    model.dtype=bfloat16, gradient checkpointing, 16 prompts x 8 completions of up to 512 tokens, micro-batches of 16,
-   coin-flip rewards (`benchmarks/coin_rewards.py`): peak memory, grad_norm, sampler_kl, step time. One seed gives the
-   three one rollout (checked by a digest of the generated tokens), so their gradient norms must agree within 5%.
+   coin-flip rewards (`examples/plugins/coin_rewards.py`): peak memory, grad_norm, sampler_kl, step time. One seed
+   gives the three one rollout (checked by a digest of the generated tokens), so their gradient norms must agree
+   within 5%.
 6. `engine`: `KitEngine` tokens/s at the 1.5B shape in bfloat16, 32 prompts of 1,536 tokens x 4 samples, 512 new
    tokens (random weights rarely stop); then greedy decoding of 4 prompts, 64 new tokens, by `KitEngine` and
    `HFEngine`. In float32 their tokens must be identical. In bfloat16 two correct implementations may part where two
@@ -55,6 +56,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+# coin-flip rewards, a plugin (examples/plugins/coin_rewards.py)
+sys.path.insert(0, str(HERE.parent / "examples" / "plugins"))
 # --smoke runs the Triton kernels under Triton's CPU interpreter, which must be chosen before anything imports triton
 # (transformers' model code does)
 if "--smoke" in sys.argv[1:]: os.environ.setdefault("TRITON_INTERPRET", "1")

@@ -9,7 +9,7 @@ from bppo_kit.core import ALGORITHMS
 from bppo_kit.runs import read_jsonl_rows
 from bppo_kit.trainer import train
 
-PLUGIN = Path(__file__).parent / "plugins" / "reinforce.py"
+PLUGIN = Path(__file__).parents[1] / "examples" / "plugins" / "reinforce.py"
 SMALL = ["train.prompts_per_step=4", "rollout.group_size=4", "data.eval_size=4", "rollout.max_new_tokens=120"]
 
 @pytest.fixture(scope="module")

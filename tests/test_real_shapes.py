@@ -1,8 +1,8 @@
 """The Qwen2.5-0.5B shape (494M parameters, the BPE tokenizer of `bppo_kit.shapes`) trained on the CPU through
 `bppo_kit.trainer.train`: 2 steps of GRPO and 2 of BPPO in bfloat16 with the chunked loss and gradient checkpointing.
 
-Random weights never answer right, so the rewards are coin flips (`benchmarks/coin_rewards.py`); everything else is
-the kit's loop. Slow (minutes) and about 8 GB of memory at its peak: run it alone,
+Random weights never answer right, so the rewards are coin flips (`examples/plugins/coin_rewards.py`); everything
+else is the kit's loop. Slow (minutes) and about 8 GB of memory at its peak: run it alone,
 `OMP_NUM_THREADS=1 python -m pytest -m slow tests/test_real_shapes.py -s`.
 """
 import gc, math, resource, time
@@ -28,7 +28,7 @@ def test_train_qwen2_5_0_5b_shape_on_cpu(tmp_path):
     from bppo_kit.runs import read_jsonl_rows
     from bppo_kit.shapes import param_count, save_real_shaped
     from bppo_kit.trainer import train
-    load_plugin(str(ROOT / "benchmarks" / "coin_rewards.py"))  # grpo_coin, bppo_coin
+    load_plugin(str(ROOT / "examples" / "plugins" / "coin_rewards.py"))  # grpo_coin, bppo_coin
     t0 = time.time()
     folder = save_real_shaped(tmp_path / "model", "0.5b", "bfloat16", seed=0)
     before = load_file(folder / "model.safetensors")

@@ -6,7 +6,7 @@ algorithms are the kit's GRPO and BPPO with each completion's reward replaced by
 probability 1/2, a function of `train.seed` and the step), after the real grading; selection, prefixes, advantages,
 the update and the loop are unchanged. The step's logged accuracy is still the real one (0).
 
-    bppo train --plugin benchmarks/coin_rewards.py --algo bppo_coin --set model.name_or_path=FOLDER ...
+    bppo train --plugin examples/plugins/coin_rewards.py --algo bppo_coin --set model.name_or_path=FOLDER ...
 """
 from dataclasses import replace
 import torch
