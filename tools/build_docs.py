@@ -5,8 +5,11 @@ Each notebook is executed at the small sizes its tests use (`IN_TEST=1`, as unde
 few steps and the whole site builds in minutes; `--full` runs the full-size cells instead: tens of minutes), with cells
 flagged `#| gpu`, `#| slow` or `#| eval: false` skipped (`#| hide` cells run but are not shown), then exported with
 nbconvert. Every page gets a navigation bar (index, previous, next); links between
-notebooks (`07_bppo.ipynb`) become links between pages. Widgets print their text summary instead of rendering
-(`BPPO_NO_WIDGETS=1`). `--check` only verifies that every local link of the site resolves.
+notebooks (`07_bppo.ipynb`) become links between pages. The markdown pages of `docs/results/` (measurements with
+their commands) and `docs/guides/` (how-tos) render as `results_NAME.html` and `guide_NAME.html`, listed on the index;
+links to them (`docs/results/tppo.md`, `../guides/gpu.md`, `tppo.md` beside it) become links to those. Widgets
+print their text summary instead of rendering (`BPPO_NO_WIDGETS=1`). `--check` only verifies that every local link
+of the site resolves.
 
 Notebooks render `--jobs` at a time (default 2, one thread of torch each), in their own kernels.
 
@@ -19,6 +22,8 @@ from urllib.parse import unquote, urlsplit
 root = Path(__file__).resolve().parent.parent
 nbs, docs = root / "nbs", root / "docs"
 results = docs / "results"  # results pages: markdown, rendered beside the lessons
+guides = docs / "guides"  # guides (how-tos): markdown, rendered the same way
+MD_PAGES = {"results": "results", "guides": "guide"}  # folder of docs/ -> prefix of its pages' files
 SKIP = re.compile(r"^#\|\s*(gpu|slow|eval:\s*false)\s*$", re.M)
 HIDE = re.compile(r"^#\|\s*hide\s*$", re.M)
 DIRECTIVE = re.compile(r"^#\|.*\n?", re.M)
@@ -48,32 +53,39 @@ def nav_bar(i: int, pages: list[tuple[str, str]]) -> str:
                              if 0 <= j < len(pages) else "")
     return f'<nav class="bppo-nav"><a href="index.html">bppo_kit · index</a>{link(i - 1, "←")}{link(i + 1, "→")}</nav>'
 
-def fix_links(body: str) -> str:
-    "Links to notebooks (`../07_bppo.ipynb#x`) and results pages (`../docs/results/tppo.md`) point at their pages"
+def md_page(href: str, here: str = "") -> str | None:
+    "The page a link to a results or guide page renders to (`results_tppo.html`), or None for any other file"
+    path = Path(unquote(href))
+    # a bare `tppo.md` is a page beside the linking one, in the folder `here`
+    folder = path.parent.name or here
+    if folder not in MD_PAGES or not (docs / folder / path.name).is_file(): return None
+    return f"{MD_PAGES[folder]}_{path.stem}.html"
+
+def fix_links(body: str, here: str = "") -> str:
+    "Links to notebooks (`../07_bppo.ipynb#x`), results and guide pages (`../docs/results/tppo.md`) go to their pages"
     names = {p.stem: page_name(p) for p in all_notebooks()}
     def sub(m):
         stem = Path(unquote(m.group(2))).stem
         return f'{m.group(1)}{names[stem]}{m.group(3) or ""}"' if stem in names else m.group(0)
     def sub_md(m):
-        stem = Path(unquote(m.group(2))).stem
-        page = f'{m.group(1)}results_{stem}.html{m.group(3) or ""}"'
-        return page if (results / f"{stem}.md").is_file() else m.group(0)
+        page = md_page(m.group(2), here)
+        return f'{m.group(1)}{page}{m.group(3) or ""}"' if page else m.group(0)
     body = re.sub(r'(href=")([^"#:]+?\.ipynb)(#[^"]*)?"', sub, body)
-    return re.sub(r'(href=")([^"#:]*?results/[^"#:/]+?\.md)(#[^"]*)?"', sub_md, body)
+    return re.sub(r'(href=")([^"#:]+?\.md)(#[^"]*)?"', sub_md, body)
 
-def render_results(out: Path) -> list[tuple[str, str]]:
-    "Each results page (`docs/results/*.md`, measurements with their commands) as `results_NAME.html`; [(file, title)]"
+def render_md_pages(out: Path, folder: Path) -> list[tuple[str, str]]:
+    "Each markdown page of `folder` (`docs/results` or `docs/guides`) as `PREFIX_NAME.html`; [(file, title)]"
     import shutil
     import mistune
     pages = []
-    for md in sorted(results.glob("*.md")):
+    for md in sorted(folder.glob("*.md")):
         text = md.read_text()
         title = next((l[2:] for l in text.splitlines() if l.startswith("# ")), md.stem)
-        body = fix_links(mistune.html(text)).replace('src="../images/', 'src="images/')
+        body = fix_links(mistune.html(text), folder.name).replace('src="../images/', 'src="images/')
         for img in re.findall(r'src="images/([^"]+)"', body):  # a site built elsewhere gets the figures it shows
             if (docs / "images" / img).is_file() and not (out / "images" / img).is_file():
                 (out / "images").mkdir(exist_ok=True); shutil.copy(docs / "images" / img, out / "images" / img)
-        name = f"results_{md.stem}.html"
+        name = f"{MD_PAGES[folder.name]}_{md.stem}.html"
         (out / name).write_text(f"""<!doctype html><html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
 <style>body{{font-family:system-ui,sans-serif;max-width:60rem;margin:2rem auto;line-height:1.5}}
 table{{border-collapse:collapse}}td,th{{border:1px solid #ddd;padding:2px 6px}}img{{max-width:100%}}</style>
@@ -117,7 +129,9 @@ def write_site(out: Path):
         rows.append((page_name(p), title_of(nb), subtitle_of(nb), p.parent.name == "tutorials"))
     order = [(n, t) for n, t, s, u in rows if not u] + [(n, t) for n, t, s, u in rows if u]
     for i, (n, _) in enumerate(order): (out / n).write_text(add_nav((out / n).read_text(), nav_bar(i, order)))
-    res = "\n".join(f'<li><a href="{n}">{html.escape(t)}</a></li>' for n, t in render_results(out))
+    md_items = lambda folder: "\n".join(f'<li><a href="{n}">{html.escape(t)}</a></li>'
+                                        for n, t in render_md_pages(out, folder))
+    res, gui = md_items(results), md_items(guides)
     items = lambda tut: "\n".join(f'<li><a href="{n}">{html.escape(t)}</a> — {html.escape(s)}</li>'
                                    for n, t, s, u in rows if u == tut)
     (out / "index.html").write_text(f"""<!doctype html><html><head><meta charset="utf-8"><title>bppo_kit</title>
@@ -126,6 +140,7 @@ def write_site(out: Path):
 one lesson per component.</p>
 <h2>Lessons</h2><ul>{items(False) or '<li>(none built)</li>'}</ul>
 <h2>Tutorials</h2><ul>{items(True) or '<li>(none yet)</li>'}</ul>
+<h2>Guides</h2><ul>{gui or '<li>(none yet)</li>'}</ul>
 <h2>Results</h2><ul>{res or '<li>(none yet)</li>'}</ul></body></html>
 """)
     return len(rows)
