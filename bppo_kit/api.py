@@ -40,16 +40,19 @@ def config_of(args: Config | dict | None = None, # a `Config`, or settings over 
 
 # %% ../nbs/11a_api.ipynb #9ca66077
 class RLTrainer:
-    "The kit's training loop for a script: a model, an algorithm, reward functions and data sets (TRL's shape)"
+    ("The kit's training loop for a script: a model, an algorithm, reward functions and data sets "
+     "(TRL's shape)")
     def __init__(self, model=None, # "tiny", a hub id, a folder, or a loaded model; None: the config's
                  algo: str | None = None, # grpo | bppo | ppo | tppo | a plugin; None: the config's
                  args: Config | dict | None = None, # a `Config`, or settings over `preset`
                  reward_funcs=None, # a function or a list (TRL's signature); None: the verifier on `answer`
                  train_dataset=None, # rows with a `prompt` column (and any others); None: the config's task
-                 eval_dataset=None, # rows to evaluate on; None: the config's eval set (none for your own data)
+                 # rows to evaluate on; None: the config's eval set (none for your own data)
+                 eval_dataset=None,
                  processing_class=None, # the tokenizer of a loaded `model`
                  reward_weights: list[float] | None = None, # one per reward function (None: each 1)
-                 correct_threshold: float = 0.0, # rows without an `answer`: correct when the reward is above it
+                 # rows without an `answer`: correct when the reward is above it
+                 correct_threshold: float = 0.0,
                  preset: str = "cpu-demo", # the preset `args` settings apply to
                  answer_task: str = "auto"): # the verifier's extraction policy for `answer` columns
         loaded = model is not None and not isinstance(model, (str, Path))
@@ -67,8 +70,9 @@ class RLTrainer:
         "Record a loaded model's own path in the run's config; vLLM needs one on disk"
         path = getattr(model, "name_or_path", "") or ""
         if engine_caps(self.cfg).own_weights and not path:
-            raise ConfigError(f"rollout.engine: {self.cfg.rollout.engine} builds its engine from the model's folder or "
-                              "hub id (then takes these weights), but this model has no name_or_path")
+            raise ConfigError(f"rollout.engine: {self.cfg.rollout.engine} builds its engine from the model's "
+                              "folder or hub id (then takes these weights), but this model has no "
+                              "name_or_path")
         if path: set_value(self.cfg, "model.name_or_path", path)
 
     @property
@@ -81,9 +85,11 @@ class RLTrainer:
               stop_after: int | None = None, # stop (with a checkpoint) after this many steps of this call
               on_log=None, # `on_log(kind, row)` after each row is written
               stop_event=None) -> dict: # set it to stop after the current step
-        "Train; `train`'s summary: run folder, steps, first and last evaluation, why it stopped and what it spent"
-        return train(self.cfg, resume=resume, progress=progress, evaluate_every=evaluate, stop_after=stop_after,
-                     overwrite=overwrite, on_log=on_log, stop_event=stop_event, task=self.task, policy=self.policy)
+        ("Train; `train`'s summary: run folder, steps, first and last evaluation, why it stopped and what "
+         "it spent")
+        return train(self.cfg, resume=resume, progress=progress, evaluate_every=evaluate,
+                     stop_after=stop_after, overwrite=overwrite, on_log=on_log, stop_event=stop_event,
+                     task=self.task, policy=self.policy)
 
     def load_trained(self, dtype: str = "float32", device: str = "cpu"):
         "The trained policy from the run's checkpoint: `(model, tokenizer)`"

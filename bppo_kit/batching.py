@@ -24,7 +24,8 @@ class Entry:
     trained: int = 0  # tokens (from the first) that have had their policy update
 
 class SamplePool:
-    "T-PPO's continuous batching pool: G entries per admitted prompt; unfinished entries go ahead of fresh ones"
+    ("T-PPO's continuous batching pool: G entries per admitted prompt; unfinished entries go ahead of "
+     "fresh ones")
     def __init__(self, group_size: int):
         self.group_size, self.fresh, self.unfinished = group_size, deque(), deque()
         self.next_uid, self.next_group = 0, 0
@@ -33,7 +34,8 @@ class SamplePool:
         "Queue `group_size` fresh entries for each example"
         for e, ids in zip(examples, prompt_ids):
             for _ in range(self.group_size):
-                self.fresh.append(Entry(e, ids, self.next_uid, self.next_group)); self.next_uid += 1
+                self.fresh.append(Entry(e, ids, self.next_uid, self.next_group))
+                self.next_uid += 1
             self.next_group += 1
 
     def draw(self, k: int) -> list[Entry]:

@@ -60,7 +60,8 @@ def scheduled_ratio(step: int, total: int, start: float, end: float) -> float:
 # %% ../nbs/07_bppo.ipynb #a21044f1
 def masked_group_advantages(rewards: torch.Tensor, valid: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     "`group_advantages` over the valid members of each group only (invalid ones get 0)"
-    v = valid.float(); k = v.sum(1, keepdim=True).clamp(min=1)
+    v = valid.float()
+    k = v.sum(1, keepdim=True).clamp(min=1)
     mu = (rewards.float() * v).sum(1, keepdim=True) / k
     sd = (((rewards.float() - mu) ** 2 * v).sum(1, keepdim=True) / k).sqrt()
     return (rewards.float() - mu) * (sd > eps) / (sd + eps) * v
@@ -74,22 +75,26 @@ def pair_advantages(rewards: torch.Tensor, correct: torch.Tensor, sel: torch.Ten
     if weight == "one": return picked
     if weight == "class":
         v = torch.ones_like(correct, dtype=torch.bool) if valid is None else valid.bool()
-        n_c = (correct.bool() & v).sum(1, keepdim=True); n = torch.cat([n_c, v.sum(1, keepdim=True) - n_c], 1)
+        n_c = (correct.bool() & v).sum(1, keepdim=True)
+        n = torch.cat([n_c, v.sum(1, keepdim=True) - n_c], 1)
         return picked * n
     raise ValueError(f"weight must be 'class' or 'one', got {weight!r}")
 
 # %% ../nbs/07_bppo.ipynb #6138130e
 def early_stop(examples: list[Example], group_size: int, min_done: int | None = None):
-    "An `on_finish` callback that cancels a group's running samples once it has a correct and an incorrect finished one"
+    ("An `on_finish` callback that cancels a group's running samples once it has a correct and an incorrect "
+     "finished one")
     need = (group_size + 1) // 2 if min_done is None else min_done
     seen: dict[int, list] = {}
     def on_finish(c):
         if c.finish_reason == "cancelled": return ()
         e = examples[c.prompt_index]
         st = seen.setdefault(c.prompt_index, [0, False, False])
-        st[0] += 1; st[1 if score(c.text, e.answer, e.task).correct else 2] = True
+        st[0] += 1
+        st[1 if score(c.text, e.answer, e.task).correct else 2] = True
         if st[1] and st[2] and st[0] >= need:
-            first = c.uid - c.uid % group_size  # the group's first request id (its share's `uid_base` included)
+            # the group's first request id (its share's `uid_base` included)
+            first = c.uid - c.uid % group_size
             return [(c.seed, first + j) for j in range(group_size)]
         return ()
     return on_finish
@@ -105,13 +110,16 @@ def early_stop_view(correct: torch.Tensor, lengths: torch.Tensor, # [B, G] of fu
         ok = [bool(correct[b, j]) for j in order]
         for k in range(1, G + 1):
             if any(ok[:k]) and not all(ok[:k]) and k >= need:
-                keep[b] = False; keep[b, order[:k]] = True; break
+                keep[b] = False
+                keep[b, order[:k]] = True
+                break
     return keep
 
 # %% ../nbs/07_bppo.ipynb #c15a7944
 def parity_factor(items: list[TrainItem], r: Rollout, # BPPO's train items of rollout `r`
                   reduction: str = "token") -> float: # `algo.reduction`
-    "BPPO's loss denominator over GRPO's on the same rollout: trained tokens (or sequences) over every completion's"
+    ("BPPO's loss denominator over GRPO's on the same rollout: trained tokens (or sequences) over every "
+     "completion's")
     if reduction == "token":
         own, grpo = sum(it.n_train - it.start for it in items), sum(c.n_tokens for c in r.completions)
     else:  # "seq", "constant": both divide by a count of sequences
@@ -124,8 +132,10 @@ BUDGET_WINDOW = 5  # steps of correct response lengths that `progress_budget` lo
 def progress_budget(step: int, steps: int, # this step, and the run's length
                     correct_lengths: list[int], # the correct responses' lengths of the last steps
                     max_new: int, # the configured budget (`rollout.max_new_tokens`)
-                    explore: float = 0.2, slack: float = 1.0) -> int: # `algo.budget_explore`, `algo.budget_slack`
-    "The step's generation budget: `max_new` while exploring, then ~ the recent correct lengths with shrinking headroom"
+                    # `algo.budget_explore`, `algo.budget_slack`
+                    explore: float = 0.2, slack: float = 1.0) -> int:
+    ("The step's generation budget: `max_new` while exploring, then ~ the recent correct lengths with "
+     "shrinking headroom")
     p = step / max(steps, 1)
     if p < explore or not correct_lengths: return max_new
     xs = sorted(correct_lengths)
@@ -139,19 +149,22 @@ class BPPO(Algorithm):
     "Binary prefix selection over full-group normalization"
     def __init__(self, cfg: Config, policy=None):
         super().__init__(cfg, policy)
-        self.recent: list[list[int]] = []  # lengths of the correct responses of the last steps (`algo.budget`)
+        # lengths of the correct responses of the last steps (`algo.budget`)
+        self.recent: list[list[int]] = []
 
     @classmethod
     def check(cls, cfg: Config):
         if cfg.algo.schedule != "none" and not engine_caps(cfg).cancels:
-            raise ConfigError(f"algo.schedule: {cfg.algo.schedule} cancels requests mid-generation, which rollout."
-                              f"engine={cfg.rollout.engine} cannot (EngineCaps.cancels); use rollout.engine=kit")
+            raise ConfigError(f"algo.schedule: {cfg.algo.schedule} cancels requests mid-generation, which "
+                              f"rollout.engine={cfg.rollout.engine} cannot (EngineCaps.cancels); use "
+                              "rollout.engine=kit")
 
     def prepare(self, r: Rollout, step: int = 0) -> tuple[list[TrainItem], dict]:
         "Train items (two per mixed group, prefixes only) and metrics for a scored rollout"
         a = self.cfg.algo
         G = r.rewards.shape[1]
-        lengths = r.lengths if r.valid is None else r.lengths.masked_fill(~r.valid, 2**62)  # never pick a cancelled one
+        # never pick a cancelled one
+        lengths = r.lengths if r.valid is None else r.lengths.masked_fill(~r.valid, 2**62)
         sel = select_binary(r.correct, lengths)
         adv = pair_advantages(r.rewards, r.correct, sel, a.class_weight, r.valid)
         n_tok = torch.tensor([[r.completions[b * G + j].n_tokens if j >= 0 else 0 for j in row.tolist()]
@@ -181,7 +194,8 @@ class BPPO(Algorithm):
 
     def _prefix_only(self, r: Rollout, sel: torch.Tensor, keep: torch.Tensor,
                      ratio: float) -> tuple[list[TrainItem], dict]:
-        "The 'prefix only' ablation: every completion trained (GRPO's advantages), each cut like the representatives"
+        ("The 'prefix only' ablation: every completion trained (GRPO's advantages), each cut like the "
+         "representatives")
         a, G = self.cfg.algo, r.rewards.shape[1]
         adv = group_advantages(r.rewards) if r.valid is None else masked_group_advantages(r.rewards, r.valid)
         items = []
@@ -191,7 +205,8 @@ class BPPO(Algorithm):
                 if adv[b, j].item() == 0.0: continue
                 n = c.n_tokens
                 cut = (min(n, int(keep[b, 0])) if a.prefix_mode == "pair_min" and (sel[b] >= 0).all() else
-                       int(prefix_lengths(torch.tensor([[n, 0]]), a.prefix_mode, ratio, a.prefix_tokens)[0, 0]))
+                       int(prefix_lengths(torch.tensor([[n, 0]]), a.prefix_mode,
+                                          ratio, a.prefix_tokens)[0, 0]))
                 items.append(TrainItem(c.prompt_ids, c.completion_ids, adv[b, j].item(), cut,
                                        sample_logprobs=c.logprobs or None))
         return self._finish(r, items, ratio)
@@ -202,13 +217,15 @@ class BPPO(Algorithm):
         self.recent = (self.recent + [r.lengths[r.correct].tolist()])[-BUDGET_WINDOW:]
 
     def budget(self, step: int) -> int | None:
-        "`algo.budget=progress`: the step's max_new_tokens (`progress_budget`); None (the config's) for `fixed`"
+        ("`algo.budget=progress`: the step's max_new_tokens (`progress_budget`); None (the config's) "
+         "for `fixed`")
         a = self.cfg.algo
         if a.budget == "fixed": return None
         return progress_budget(step, self.cfg.train.steps, [n for s in self.recent for n in s],
                                self.cfg.rollout.max_new_tokens, a.budget_explore, a.budget_slack)
 
-    def state_dict(self) -> dict | None: return dict(recent=self.recent) if self.cfg.algo.budget != "fixed" else None
+    def state_dict(self) -> dict | None:
+        return dict(recent=self.recent) if self.cfg.algo.budget != "fixed" else None
     def load_state_dict(self, state: dict): self.recent = [list(x) for x in state.get("recent", [])]
 
     def scheduler(self, examples: list[Example]):

@@ -23,7 +23,9 @@ __all__ = ['COMMANDS', 'seed_everything', 'cmd_eval', 'cmd_sft', 'cmd_train', 'c
 # %% ../nbs/12_cli.ipynb #5b7f3859
 def seed_everything(seed: int):
     "Seed python, numpy and torch"
-    random.seed(seed); np.random.seed(seed); torch.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
 
 # %% ../nbs/12_cli.ipynb #d86b33ec
 def _fmt(v):
@@ -35,8 +37,8 @@ def cmd_eval(args, cfg: Config) -> int:
     dev = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.train.device == "auto" else cfg.train.device
     model, tok = load_policy(args.checkpoint or cfg.model.name_or_path, cfg.model.dtype, dev)
     r = cfg.rollout
-    sp = SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_new_tokens=r.max_new_tokens,
-                        seed=cfg.train.seed, logprobs=False)
+    sp = SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+                        max_new_tokens=r.max_new_tokens, seed=cfg.train.seed, logprobs=False)
     # the engine training evaluates with (`rollout.engine`: the kit's by default, vLLM on GPUs), not a fixed one
     engine = make_engine(cfg, model, tok, progress=not args.quiet)
     try: res = evaluate(model, tok, ex, samples=args.samples, sampling=sp, engine=engine, data=cfg.data)
@@ -56,15 +58,19 @@ def cmd_sft(args, cfg: Config) -> int:
     return 0
 
 # %% ../nbs/12_cli.ipynb #279f2ea4
-def _rank0() -> bool: return os.environ.get("RANK", "0") in ("", "0")  # the first process of a launch, or the only one
+# the first process of a launch, or the only one
+def _rank0() -> bool: return os.environ.get("RANK", "0") in ("", "0")
 
 def cmd_train(args, cfg: Config) -> int:
     from bppo_kit.runs import load_trainer_state, plot_run
-    from bppo_kit.api import RLTrainer  # the script API's trainer: `bppo train` is a script with the config's data
+    # the script API's trainer: `bppo train` is a script with the config's data
+    from bppo_kit.api import RLTrainer
     try: s = RLTrainer(args=cfg).train(resume=args.resume, progress=not args.quiet, overwrite=args.overwrite)
     except KeyboardInterrupt:
         ckpt = Path(cfg.train.out) / "checkpoint"
-        try: saved = f"the checkpoint in {ckpt} holds step {load_trainer_state(ckpt)['step']} (continue with --resume)"
+        try:
+            saved = (f"the checkpoint in {ckpt} holds step {load_trainer_state(ckpt)['step']} "
+                     "(continue with --resume)")
         except FileNotFoundError: saved = "no checkpoint was saved"
         except ConfigError as e: saved = str(e)  # killed while a large checkpoint was rewritten in place
         if _rank0(): print(f"bppo: interrupted; {saved}", file=sys.stderr)
@@ -90,7 +96,8 @@ def cmd_probe(args, cfg: Config) -> int:
     model, tok = load_policy(args.checkpoint or cfg.model.name_or_path, "float32")
     r = cfg.rollout
     res = probe(model, tok, ex, HFEngine(model, tok, progress=not args.quiet), r.group_size,
-                SamplingParams(r.temperature, r.top_p, r.top_k, r.max_new_tokens, seed=cfg.train.seed, logprobs=False),
+                SamplingParams(r.temperature, r.top_p, r.top_k, r.max_new_tokens,
+                               seed=cfg.train.seed, logprobs=False),
                 data=cfg.data)
     summary = {k: v for k, v in res.items() if k not in ("pairs", "groups")}
     for k, v in summary.items(): print(f"{k:>16}  {_fmt(v)}")
@@ -117,7 +124,8 @@ def cmd_compare(args, cfg: Config) -> int:
         raise ConfigError("--max-steps: caps the runs on a budget; give --budget UNIT too")
     if args.max_steps is not None and args.max_steps < 1: raise ConfigError("--max-steps: must be >= 1")
     seeds = list(range(args.seeds))
-    compare(cfg, [a.strip() for a in args.algos.split(",") if a.strip()], seeds, args.out, progress=not args.quiet,
+    compare(cfg, [a.strip() for a in args.algos.split(",") if a.strip()], seeds,
+            args.out, progress=not args.quiet,
             tolerance=args.tolerance / 100, budget=args.budget, max_steps=args.max_steps)
     print((Path(args.out) / "report.md").read_text())
     return 0
@@ -141,10 +149,12 @@ def _common(p):
 
 def _plugins(p):
     p.add_argument("--plugin", dest="plugins", action="append", default=[], metavar="FILE_OR_MODULE",
-                   help="import a .py file or a module first (e.g. one that registers an algorithm); repeatable")
+                   help="import a .py file or a module first (e.g. one that registers an algorithm); "
+                        "repeatable")
 
 def load_plugin(spec: str):
-    "Import a `.py` file or a module by name (its algorithms register themselves); a `DataError` if it is not there"
+    ("Import a `.py` file or a module by name (its algorithms register themselves); a `DataError` if it is "
+     "not there")
     import importlib, importlib.util
     try:
         if not spec.endswith(".py"): return importlib.import_module(spec)
@@ -190,8 +200,8 @@ def build_parser() -> argparse.ArgumentParser:
     cp.add_argument("--tolerance", type=float, default=1.0,
                     help="points below the baseline's final accuracy that count as reaching it (time to target)")
     cp.add_argument("--budget", metavar="UNIT", help="equal cost: the baseline (first of --algos) runs its --steps; "
-                    "then each other variant runs until it has spent as much UNIT as the baseline on the same seed: "
-                    "decode_steps (decoding passes, a GPU's cost), generated_tokens or wall_s")
+                    "then each other variant runs until it has spent as much UNIT as the baseline on the "
+                    "same seed: decode_steps (decoding passes, a GPU's cost), generated_tokens or wall_s")
     cp.add_argument("--max-steps", type=int,
                     help="with --budget: the most steps another variant may take (default: 10x the baseline's)")
     pr = sub.add_parser("probe", help="gradient similarity of same-label vs cross-label completions (BPPO's premise)")
@@ -224,13 +234,15 @@ def shorthand_overrides(args) -> list[str]:
     return [f"{k}={getattr(args, a)}" for k, a in pairs if getattr(args, a, None) is not None]
 
 def cmd_launch(args, cfg: Config) -> int:
-    "`accelerate launch -m bppo_kit.cli COMMAND …` with the config file, once `launch_problem` has no objection"
+    ("`accelerate launch -m bppo_kit.cli COMMAND …` with the config file, once `launch_problem` has no "
+     "objection")
     import subprocess
     from bppo_kit.distributed import launch_problem
     why = launch_problem(args.accelerate_config)
     if why: raise ConfigError(why)
     cmd, procs = list(args.command), args.num_processes
-    if cmd[:1] == ["--num-processes"] and len(cmd) > 1: procs, cmd = int(cmd[1]), cmd[2:]  # given after the config
+    # given after the config
+    if cmd[:1] == ["--num-processes"] and len(cmd) > 1: procs, cmd = int(cmd[1]), cmd[2:]
     if not cmd: raise ConfigError("launch: name the bppo command to run, e.g. `train --preset cpu-demo`")
     n = ["--num_processes", str(procs)] if procs else []
     return subprocess.call([sys.executable, "-m", "accelerate.commands.launch", "--config_file",
@@ -248,7 +260,8 @@ def main(argv: list[str] | None = None) -> int:
         for spec in getattr(args, "plugins", []): load_plugin(spec)
         extra = shorthand_overrides(args) if args.cmd == "train" else []
         if args.cmd == "compare": extra = [f"train.steps={args.steps}"] if args.steps else []
-        if args.cmd == "plan" and args.prompt_tokens: extra = [f"rollout.max_prompt_tokens={args.prompt_tokens}"]
+        if args.cmd == "plan" and args.prompt_tokens:
+            extra = [f"rollout.max_prompt_tokens={args.prompt_tokens}"]
         cfg = get_config(args.preset, args.config, extra + args.overrides)
         return COMMANDS[args.cmd](args, cfg)
     except (ConfigError, DataError) as e:

@@ -29,27 +29,36 @@ _RECIPE = ["algo.name=tppo", "algo.value_warmup=10", "algo.lm_loss_weight=0.1", 
 VARIANTS = {
     "grpo": ["algo.name=grpo", "algo.reduction=token"],
     "grpo_seq": ["algo.name=grpo", "algo.reduction=seq"],
-    "grpo_trl": ["algo.name=grpo", *TRL_DEFAULTS],  # GRPO with TRL's defaults (the GRPO lesson's `TRL_DEFAULTS`)
+    # GRPO with TRL's defaults (the GRPO lesson's `TRL_DEFAULTS`)
+    "grpo_trl": ["algo.name=grpo", *TRL_DEFAULTS],
     "bppo": ["algo.name=bppo"],
     "bppo_full": ["algo.name=bppo", "algo.prefix_mode=full"],  # selection only, no prefix
     "bppo_one": ["algo.name=bppo", "algo.class_weight=one"],  # unweighted representatives
     "bppo_ratio": ["algo.name=bppo", "algo.prefix_mode=ratio"],
     "bppo_sched": ["algo.name=bppo", "algo.schedule=early_stop"],  # + adaptive completion scheduling
-    "bppo_parity": ["algo.name=bppo", "algo.loss_scale=grpo"],  # GRPO's loss denominator (same gradient budget)
+    # GRPO's loss denominator (same gradient budget)
+    "bppo_parity": ["algo.name=bppo", "algo.loss_scale=grpo"],
     "bppo_progress": ["algo.name=bppo", "algo.budget=progress"],  # a generation budget that follows training
     "bppo_focus": ["algo.name=bppo", *_FOCUS],
-    "bppo_full_focus": ["algo.name=bppo", "algo.prefix_mode=full", *_FOCUS],  # selection only on the same budget
-    "prefix_only": ["algo.name=bppo", "algo.select=all"],  # every completion, each cut to its group's pair length
+    # selection only on the same budget
+    "bppo_full_focus": ["algo.name=bppo", "algo.prefix_mode=full", *_FOCUS],
+    # every completion, each cut to its group's pair length
+    "prefix_only": ["algo.name=bppo", "algo.select=all"],
     # the family (lesson 07b), each at its paper's choice scaled to cpu-demo's 8 completions a group
     # cppo: the largest |advantage| over the batch, 2 a group on average (CPPO keeps 1-2 of 16)
     "cppo": ["algo.name=cppo", "algo.keep=2"],
-    "pods": ["algo.name=pods", "algo.keep=2"],  # max reward variance: with 0/1 rewards a correct and an incorrect one
+    # max reward variance: with 0/1 rewards a correct and an incorrect one
+    "pods": ["algo.name=pods", "algo.keep=2"],
     "gfpo": ["algo.name=gfpo", "algo.keep=4"],  # the 4 shortest of 8 (GFPO: 8 of 16)
-    "gfpo_eff": ["algo.name=gfpo", "algo.keep=4", "algo.gfpo_rule=efficiency"],  # the 4 of most reward per token
-    "nat": ["algo.name=nat", "algo.token_frac=0.5"],  # every completion, half its tokens at random, reweighted
-    "nat_rpc": ["algo.name=nat_rpc", "algo.token_frac=0.5"],  # NAT's random prefix cutting, half the tokens on average
+    # the 4 of most reward per token
+    "gfpo_eff": ["algo.name=gfpo", "algo.keep=4", "algo.gfpo_rule=efficiency"],
+    # every completion, half its tokens at random, reweighted
+    "nat": ["algo.name=nat", "algo.token_frac=0.5"],
+    # NAT's random prefix cutting, half the tokens on average
+    "nat_rpc": ["algo.name=nat_rpc", "algo.token_frac=0.5"],
     # small groups (2-GRPO): 2 completions a prompt, 4x the prompts: the same 128 completions a step as cpu-demo
-    "grpo_g2": ["algo.name=grpo", "algo.reduction=token", "rollout.group_size=2", "train.prompts_per_step=64"],
+    "grpo_g2": ["algo.name=grpo", "algo.reduction=token", "rollout.group_size=2",
+                "train.prompts_per_step=64"],
     "ppo": ["algo.name=ppo", "rollout.window=0"],  # PPO with a value model, whole responses
     "tppo": ["algo.name=tppo"],  # T-PPO: the preset's windows (cpu-demo: 32 tokens), EGAE
     "tppo_filter": ["algo.name=tppo", "algo.group_filter=mixed"],  # + the group filter
@@ -63,7 +72,8 @@ VARIANTS = {
     "tppo_recipe_nowarm": [*_RECIPE, "algo.value_warmup=0"],  # no critic warm-up
     "tppo_recipe_nolm": [*_RECIPE, "algo.lm_loss_weight=0"],  # no positive-example LM loss
     "tppo_recipe_noprio": [*_RECIPE, "algo.oversample=1"],  # no prioritized subset: every window trains
-    "tppo_recipe_defer": [*_RECIPE, "algo.filter_mode=defer"],  # unfinished windows' last tokens trained a step later
+    # unfinished windows' last tokens trained a step later
+    "tppo_recipe_defer": [*_RECIPE, "algo.filter_mode=defer"],
     "tppo_recipe_split": [*_RECIPE, "algo.whiten=split"],  # finished and unfinished rows whitened apart
     "tppo_recipe_scale": [*_RECIPE, "algo.whiten=scale"],  # advantages scaled, not centered
     # the token filter's scale: none at all, and a quarter of a 128-token window (cpu-demo's 8 of 32)
@@ -74,14 +84,16 @@ VARIANTS = {
 }
 
 def variant_config(base: Config, name: str, seed: int, out: Path) -> Config:
-    "The config of one run: `base` with the variant's overrides, the seed and its own run folder; `bppo@150`: 150 steps"
+    ("The config of one run: `base` with the variant's overrides, the seed and its own run folder; "
+     "`bppo@150`: 150 steps")
     kind, at, steps = name.partition("@")
     if kind not in VARIANTS: raise ConfigError(f"unknown variant {kind!r}; choose from {', '.join(VARIANTS)}")
     if at and not (steps.isdigit() and int(steps) > 0):
         raise ConfigError(f"variant {name!r}: the steps after '@' must be a positive integer")
     c = from_dict(to_dict(base))  # a copy: the base stays as it was
     return apply_overrides(c, VARIANTS[kind] + ([f"train.steps={steps}"] if at else [])
-                           + [f"train.seed={seed}", f"data.seed={seed}", f"train.out={out / f'{name}-s{seed}'}"])
+                           + [f"train.seed={seed}", f"data.seed={seed}",
+                              f"train.out={out / f'{name}-s{seed}'}"])
 
 # %% ../nbs/11b_compare.ipynb #2ad91b8d
 BUDGET_UNITS = next(f.metadata["choices"] for f in fields(TrainConfig) if f.name == "budget_unit")
@@ -90,7 +102,8 @@ def budget_config(c: Config, unit: str, # a name in `BUDGET_UNITS`
                   total: float, # the baseline's total of `unit` for the same seed
                   cap: int) -> Config: # the most steps it may take
     "`c` on the baseline's budget: it stops once its total of `unit` reaches `total`, or after `cap` steps"
-    if unit not in BUDGET_UNITS: raise ConfigError(f"budget: must be one of {', '.join(BUDGET_UNITS)}; got {unit!r}")
+    if unit not in BUDGET_UNITS:
+        raise ConfigError(f"budget: must be one of {', '.join(BUDGET_UNITS)}; got {unit!r}")
     return apply_overrides(from_dict(to_dict(c)), [f"train.budget={total!r}", f"train.budget_unit={unit}",
                                                    f"train.steps={cap}"])
 
@@ -103,7 +116,8 @@ def run_status(run: Path, cfg: Config) -> str:
     m = read_jsonl_rows(run / "metrics.jsonl")
     done = m[-1]["step"] + 1 if m else 0
     spent = run_cost(m, cfg.train.budget_unit) if cfg.train.budget else 0.0
-    if end_of_run(cfg.train, done, spent) and any(e["step"] == done for e in read_jsonl_rows(run / "eval.jsonl")):
+    if end_of_run(cfg.train, done, spent) and any(e["step"] == done
+                                                  for e in read_jsonl_rows(run / "eval.jsonl")):
         return "finished"
     return "resume" if (run / "checkpoint" / "trainer_state.pt").exists() else "fresh"
 
@@ -119,7 +133,8 @@ def _cumulative(m: list[dict], key: str) -> list[float] | None:
     return out
 
 def _reached(r: dict, full: int, target: float | None, subset_target: float | None) -> bool:
-    "Did eval row `r` reach the target: a subset row (fewer than `full` problems) `subset_target`, a full one `target`"
+    ("Did eval row `r` reach the target: a subset row (fewer than `full` problems) `subset_target`, a full "
+     "one `target`")
     sub = (r.get("problems") or full) < full
     t = subset_target if sub and subset_target is not None else target
     return t is not None and r["accuracy"] >= t
@@ -130,8 +145,10 @@ def _held_row(e: list[dict], full: int, target: float | None, subset_target: flo
     return next((r for r, now, then in zip(e, ok, ok[1:]) if now and then), None)
 
 def run_summary(run: Path, target: float | None = None, # the full evaluations' target accuracy
-                subset_target: float | None = None) -> dict: # the cheap subset evaluations' (`train.eval_subset`)
-    "Final eval, median stage times, token counts and the training cost (total and to `target`) of one run folder"
+                # the cheap subset evaluations' (`train.eval_subset`)
+                subset_target: float | None = None) -> dict:
+    ("Final eval, median stage times, token counts and the training cost (total and to `target`) of one "
+     "run folder")
     m, e = read_jsonl_rows(run / "metrics.jsonl"), read_jsonl_rows(run / "eval.jsonl")
     if not m: raise FileNotFoundError(f"no metrics in {run}")
     body = m[1:] or m
@@ -146,7 +163,8 @@ def run_summary(run: Path, target: float | None = None, # the full evaluations' 
     costs = {}
     for k in ("decode_steps", "row_steps", "generated_tokens"):
         c = _cumulative(m, k)
-        if c is not None: costs.update({k: c[-1], f"{k}_to_target": c[hit_step] if hit_step is not None else None})
+        if c is not None:
+            costs.update({k: c[-1], f"{k}_to_target": c[hit_step] if hit_step is not None else None})
     if held_step is not None and costs.get("decode_steps") is not None:
         costs["decode_steps_to_held_target"] = _cumulative(m, "decode_steps")[held_step]
     last = e[-1] if e else {}
@@ -154,7 +172,8 @@ def run_summary(run: Path, target: float | None = None, # the full evaluations' 
                 final_subset_accuracy=last.get("subset_accuracy"),
                 final_tokens=last.get("mean_response_tokens"), first_accuracy=e[0]["accuracy"] if e else None,
                 step_s=_med([r["wall_s"] for r in body]), rollout_s=_med([r["rollout_s"] for r in body]),
-                update_s=_med([r["update_s"] for r in body]), trained_tokens=_med([r["trained_tokens"] for r in body]),
+                update_s=_med([r["update_s"] for r in body]),
+                trained_tokens=_med([r["trained_tokens"] for r in body]),
                 generated_tokens_per_step=_med([r["generated_tokens"] for r in body]),
                 train_wall_s=round(wall[-1], 1),
                 time_to_target_s=hit, steps=len(m), **costs, step_at_target=hit_step,
@@ -163,15 +182,18 @@ def run_summary(run: Path, target: float | None = None, # the full evaluations' 
                 tokens_at_target=hit_row.get("mean_response_tokens") if hit_row else None,
                 grad_norm=_med([r["grad_norm"] for r in trained if r.get("grad_norm") is not None]),
                 clip_rate=_mean([r["grad_clipped"] for r in trained if r.get("grad_clipped") is not None]),
-                slot_utilization=_med([r["slot_utilization"] for r in body if r.get("slot_utilization") is not None]),
-                critic_ev=_mean([r["explained_variance"] for r in m if r.get("explained_variance") is not None]))
+                slot_utilization=_med([r["slot_utilization"] for r in body
+                                       if r.get("slot_utilization") is not None]),
+                critic_ev=_mean([r["explained_variance"] for r in m
+                                 if r.get("explained_variance") is not None]))
 
 def accuracy_at(run: Path, unit: str, # a cost: a key of `metrics.jsonl` rows (wall_s, decode_steps, …)
                 x: float) -> float | None:
     "The accuracy of the last evaluation `run` made before it had spent more than `x` of `unit`"
     spent = _cumulative(read_jsonl_rows(run / "metrics.jsonl"), unit)
     if spent is None: return None
-    before = [r for r in read_jsonl_rows(run / "eval.jsonl") if r["step"] < len(spent) and spent[r["step"]] <= x]
+    before = [r for r in read_jsonl_rows(run / "eval.jsonl") if r["step"] < len(spent)
+              and spent[r["step"]] <= x]
     return before[-1]["accuracy"] if before else None
 
 def aggregate(rows: list[dict]) -> dict:
@@ -179,7 +201,9 @@ def aggregate(rows: list[dict]) -> dict:
     out = {}
     for k in rows[0]:
         xs = [r[k] for r in rows if isinstance(r.get(k), (int, float))]
-        if xs: out[k] = dict(mean=statistics.fmean(xs), std=statistics.pstdev(xs) if len(xs) > 1 else 0.0, n=len(xs))
+        if xs:
+            out[k] = dict(mean=statistics.fmean(xs), std=statistics.pstdev(xs) if len(xs) > 1 else 0.0,
+                          n=len(xs))
     return out
 
 # %% ../nbs/11b_compare.ipynb #ba50a8b4
@@ -194,16 +218,21 @@ def compare_figure(runs: dict[str, list[Path]]) -> Figure:
             wall = [0.0]
             for r in m: wall.append(wall[-1] + r["wall_s"])
             lab = name if j == 0 else None
-            if e: ax[0].plot([wall[r["step"]] for r in e], [r["accuracy"] for r in e], "o-", color=col, label=lab,
-                             alpha=.8)
+            if e:
+                ax[0].plot([wall[r["step"]] for r in e], [r["accuracy"] for r in e], "o-", color=col,
+                           label=lab, alpha=.8)
             mm = [r for r in m if r.get("response_tokens_mean") is not None]
-            ax[1].plot([r["step"] for r in mm], [r["response_tokens_mean"] for r in mm], color=col, label=lab, alpha=.6)
+            ax[1].plot([r["step"] for r in mm], [r["response_tokens_mean"] for r in mm],
+                       color=col, label=lab, alpha=.6)
             ax[2].plot([r["step"] for r in m], [r["update_s"] for r in m], color=col, label=lab, alpha=.6)
             ax[2].plot([r["step"] for r in m], [r["rollout_s"] for r in m], ":", color=col, alpha=.6)
-            ax[3].plot([r["step"] for r in m], [r["trained_tokens"] for r in m], color=col, label=lab, alpha=.6)
+            ax[3].plot([r["step"] for r in m], [r["trained_tokens"] for r in m],
+                       color=col, label=lab, alpha=.6)
     titles = ["eval accuracy vs training wall time (s)", "response tokens vs step",
               "seconds per step: update (solid), rollout (dotted)", "trained tokens vs step"]
-    for a, t in zip(ax, titles): a.set_title(t, fontsize=9); a.grid(alpha=.3)
+    for a, t in zip(ax, titles):
+        a.set_title(t, fontsize=9)
+        a.grid(alpha=.3)
     ax[0].legend(fontsize=7)
     fig.tight_layout()
     return fig
@@ -219,11 +248,13 @@ def _ratio(agg: dict, base: str, n: str, k: str) -> str:
     return f"{a['mean'] / b['mean']:.2f}x" if a and b and b["mean"] else "–"
 
 def cost_table(agg: dict, base: str) -> list[str]:
-    "Markdown lines: each variant's training cost three ways, in total and to the target, and its ratio to `base`'s"
+    ("Markdown lines: each variant's training cost three ways, in total and to the target, and its ratio to "
+     "`base`'s")
     keys = [("train_wall_s", "time_to_target_s"), ("row_steps", "row_steps_to_target"),
             ("decode_steps", "decode_steps_to_target")]
     lines = ["| variant | wall s | row-steps | decode steps | wall s to target | row-steps to target "
-             f"| decode steps to target | to target vs {base}: wall / row-steps / decode steps |", "|---" * 8 + "|"]
+             f"| decode steps to target | to target vs {base}: wall / row-steps / decode steps |",
+             "|---" * 8 + "|"]
     for n, a in agg.items():
         cells = [_fmt(a, k) for pair in zip(*keys) for k in pair]
         ratios = " / ".join(_ratio(agg, base, n, k) for _, k in keys)
@@ -232,7 +263,8 @@ def cost_table(agg: dict, base: str) -> list[str]:
 
 def baseline_target(runs: dict[str, list[Path]], tolerance: float = 0.01,
                     key: str = "final_accuracy") -> float | None:
-    "The first variant's (the baseline's) mean final accuracy (`key`), less `tolerance`: what the others must reach"
+    ("The first variant's (the baseline's) mean final accuracy (`key`), less `tolerance`: what the others "
+     "must reach")
     finals = [run_summary(p)[key] for p in next(iter(runs.values()))]
     finals = [f for f in finals if f is not None]
     return statistics.fmean(finals) - tolerance if finals else None
@@ -253,18 +285,19 @@ def _reached_cell(runs: list[dict], target: float | None) -> str:
     if len(missed) == len(runs): return f"never: {below}"
     return f"{len(runs) - len(missed)} of {len(runs)} seeds; the others {below}"
 
-def equal_cost_table(per: dict[str, list[dict]], # variant -> its runs' `run_summary`; the first is the baseline
+def equal_cost_table(per: dict[str, list[dict]], # variant -> its runs' `run_summary`; first = the baseline
                      target: float | None, unit: str) -> list[str]: # the target accuracy; the budget's unit
-    "Markdown lines: each variant's accuracy at the baseline's budget of `unit`, its steps, costs and cost to target"
+    ("Markdown lines: each variant's accuracy at the baseline's budget of `unit`, its steps, costs and cost "
+     "to target")
     agg = {n: aggregate(rs) for n, rs in per.items()}
     base, key = next(iter(per)), next(k for u, k, _ in EQUAL_COST if u == unit)
     lines = [f"## Equal cost: {unit.replace('_', ' ')}", "",
-             f"Every variant ran until it had spent {base}'s total {unit.replace('_', ' ')} for the same seed "
-             f"(mean {_fmt(agg[base], key)}), or its cap on steps; its final evaluation is its accuracy at that cost. "
-             "To target: its cost until an evaluation first reached the target.", "",
+             f"Every variant ran until it had spent {base}'s total {unit.replace('_', ' ')} for the "
+             f"same seed (mean {_fmt(agg[base], key)}), or its cap on steps; its final evaluation is its "
+             "accuracy at that cost. To target: its cost until an evaluation first reached the target.", "",
              "![equal cost](equal_cost.png)", "",
-             "| variant | accuracy at the budget % | steps | decode steps | generated tokens | wall s | reached target "
-             "| decode steps to target | generated tokens to target | wall s to target "
+             "| variant | accuracy at the budget % | steps | decode steps | generated tokens | wall s | "
+             "reached target | decode steps to target | generated tokens to target | wall s to target "
              f"| to target vs {base}: decode steps / tokens / wall |", "|---" * 11 + "|"]
     for n, a in agg.items():
         never = all(r.get("step_at_target") is None for r in per[n])
@@ -277,7 +310,8 @@ def equal_cost_table(per: dict[str, list[dict]], # variant -> its runs' `run_sum
 
 # %% ../nbs/11b_compare.ipynb #37cf4643
 def equal_cost_figure(runs: dict[str, list[Path]], # variant -> its run folders; the first is the baseline
-                      unit: str, target: float | None = None) -> Figure: # the budget's unit; the target accuracy
+                      # the budget's unit; the target accuracy
+                      unit: str, target: float | None = None) -> Figure:
     "Eval accuracy against each run's running total of `unit`, with the baseline's mean total and the target"
     fig = Figure(figsize=(7, 4))
     ax = fig.subplots()
@@ -296,7 +330,8 @@ def equal_cost_figure(runs: dict[str, list[Path]], # variant -> its run folders;
                 ax.plot([spent[r["step"]] for r in ev], [r["accuracy"] for r in ev], "o" if sub else "o-",
                         mfc="none" if sub else None, color=f"C{i}", alpha=.5 if sub else .8,
                         label=name if j == 0 and not sub else None)
-    if budgets: ax.axvline(statistics.fmean(budgets), ls="--", color="k", lw=1, label=f"{next(iter(runs))}'s budget")
+    if budgets:
+        ax.axvline(statistics.fmean(budgets), ls="--", color="k", lw=1, label=f"{next(iter(runs))}'s budget")
     if target is not None: ax.axhline(target, ls=":", color="grey", lw=1, label="target")
     ax.set_xlabel(f"{unit.replace('_', ' ')}, cumulative")
     ax.set_ylabel("eval accuracy")
@@ -308,7 +343,8 @@ def equal_cost_figure(runs: dict[str, list[Path]], # variant -> its run folders;
 
 # %% ../nbs/11b_compare.ipynb #2b556c73
 def equal_budget_lines(runs: dict[str, list[Path]]) -> list[str]: # variant -> its run folders
-    "Markdown lines: each variant's accuracy at the smallest total wall time, and decode steps, that any run spent"
+    ("Markdown lines: each variant's accuracy at the smallest total wall time, and decode steps, that any "
+     "run spent")
     lines, cols = [], []
     for unit in ("wall_s", "decode_steps"):
         totals = [run_cost(read_jsonl_rows(p / "metrics.jsonl"), unit) for ps in runs.values() for p in ps]
@@ -325,10 +361,11 @@ def equal_budget_lines(runs: dict[str, list[Path]]) -> list[str]: # variant -> i
     return lines
 
 # %% ../nbs/11b_compare.ipynb #1f32f61a
-def write_report(out: Path, runs: dict[str, list[Path]], # variant -> its run folders; the first is the baseline
-                 target: float | None = None, # the accuracy of time-to-target; None = the baseline's final - tolerance
+def write_report(out: Path, runs: dict[str, list[Path]], # variant -> its run folders; first = the baseline
+                 # the accuracy of time-to-target; None = the baseline's final - tolerance
+                 target: float | None = None,
                  tolerance: float = 0.01,
-                 budget: str | None = None) -> dict: # the unit the others spent the baseline's total of, if any
+                 budget: str | None = None) -> dict: # unit the others spent the baseline's total of, if any
     "Summaries, `report.json`, `report.md` and `compare.png` (with a budget, `equal_cost.png`) for finished runs"
     base = next(iter(runs))
     how = f"the eval accuracy of {target:.3f}" if target is not None else None
@@ -336,8 +373,8 @@ def write_report(out: Path, runs: dict[str, list[Path]], # variant -> its run fo
     if target is None and (target := baseline_target(runs, tolerance)) is not None:
         how = f"{base}'s final eval accuracy less {100 * tolerance:g} point(s): {target:.3f}"
         if (sub := baseline_target(runs, tolerance, "final_subset_accuracy")) is not None:
-            how += (f" (on the cheap subset evaluations: {base}'s final accuracy on the same subset less the same, "
-                    f"{sub:.3f})")
+            how += (f" (on the cheap subset evaluations: {base}'s final accuracy on the same subset less "
+                    f"the same, {sub:.3f})")
     per = {n: [run_summary(p, target, sub) for p in ps] for n, ps in runs.items()}
     agg = {n: aggregate(rs) for n, rs in per.items()}
     spent = [run_cost(read_jsonl_rows(p / "metrics.jsonl"), budget) for p in runs[base]] if budget else None
@@ -348,15 +385,15 @@ def write_report(out: Path, runs: dict[str, list[Path]], # variant -> its run fo
     lines = [f"# Comparison ({len(next(iter(runs.values())))} seed(s); mean ± std over seeds)", "",
              f"Time to target: training wall time until an evaluation first reached {how}." if how else "", ""]
     if budget: lines += equal_cost_table(per, target, budget) + ["", "## At a glance", ""]
-    lines += ["| variant | final acc % | final greedy % | final tokens | step s | update s | trained tokens/step "
-              "| time to target s | slot use | step speed-up vs " + base + " | update speed-up |",
+    lines += ["| variant | final acc % | final greedy % | final tokens | step s | update s | trained "
+              "tokens/step | time to target s | slot use | step speed-up vs " + base + " | update speed-up |",
               "|---|---|---|---|---|---|---|---|---|---|---|"]
     for n, a in agg.items():
         sp = agg[base]["step_s"]["mean"] / a["step_s"]["mean"]
         up = agg[base]["update_s"]["mean"] / a["update_s"]["mean"]
-        lines.append(f"| {n} | {_fmt(a, 'final_accuracy', True)} | {_fmt(a, 'final_greedy_accuracy', True)} | "
-                     f"{_fmt(a, 'final_tokens')} | {_fmt(a, 'step_s')} | {_fmt(a, 'update_s')} | "
-                     f"{_fmt(a, 'trained_tokens')} | "
+        lines.append(f"| {n} | {_fmt(a, 'final_accuracy', True)} | "
+                     f"{_fmt(a, 'final_greedy_accuracy', True)} | {_fmt(a, 'final_tokens')} | "
+                     f"{_fmt(a, 'step_s')} | {_fmt(a, 'update_s')} | {_fmt(a, 'trained_tokens')} | "
                      f"{_fmt(a, 'time_to_target_s')} | {_fmt(a, 'slot_utilization')} | {sp:.2f}x | {up:.2f}x |")
     lines += ["", "Training cost: wall time here; row-steps (busy engine rows summed over decoding passes: "
               "a compute-bound CPU's cost); decode steps (decoding passes: a memory-bound GPU's cost).", ""]
@@ -369,8 +406,8 @@ def write_report(out: Path, runs: dict[str, list[Path]], # variant -> its run fo
               f"{_fmt(a, 'decode_steps_to_held_target')} | {_fmt(a, 'step_at_held_target')} |" for n, a in agg.items()]
     lines += [""] + equal_budget_lines(runs)
     lines += ["", "Gradient scale and responses at the target: the pre-clip gradient norm (median over steps), the "
-              "share of steps whose gradient `train.grad_clip` cut, and the eval response length when the target was "
-              "reached; the critic's explained variance (mean over steps; PPO/T-PPO).", "",
+              "share of steps whose gradient `train.grad_clip` cut, and the eval response length when the "
+              "target was reached; the critic's explained variance (mean over steps; PPO/T-PPO).", "",
               "| variant | grad norm | clip rate % | steps | step at target | tokens at target "
               f"| tokens vs {base}'s final | critic EV |", "|---|---|---|---|---|---|---|---|"]
     for n, a in agg.items():
@@ -387,12 +424,16 @@ def write_report(out: Path, runs: dict[str, list[Path]], # variant -> its run fo
 
 # %% ../nbs/11b_compare.ipynb #0063b572
 def compare(base: Config, # the shared config (steps, eval size, …)
-            variants: list[str], # names in `VARIANTS` (`name@steps` for more steps); the first is the baseline
+            # names in `VARIANTS` (`name@steps` for more steps); the first is the baseline
+            variants: list[str],
             seeds: list[int], out, # seeds and the comparison folder
             progress: bool = True, target: float | None = None, tolerance: float = 0.01,
-            budget: str | None = None, # a unit in `BUDGET_UNITS`: the others run on the baseline's total of it
-            max_steps: int | None = None) -> dict: # with a budget, the others' cap (default: 10x the baseline's steps)
-    "Train every variant for every seed (with a `budget`: the others at the baseline's cost), then write the report"
+            # a unit in `BUDGET_UNITS`: the others run on the baseline's total of it
+            budget: str | None = None,
+            # with a budget, the others' cap (default: 10x the baseline's steps)
+            max_steps: int | None = None) -> dict:
+    ("Train every variant for every seed (with a `budget`: the others at the baseline's cost), then write "
+     "the report")
     if budget is not None and budget not in BUDGET_UNITS:
         raise ConfigError(f"budget: must be one of {', '.join(BUDGET_UNITS)}; got {budget!r}")
     if max_steps is not None and (budget is None or max_steps < 1):
@@ -400,16 +441,19 @@ def compare(base: Config, # the shared config (steps, eval size, …)
                           + ("" if budget else " without a budget"))
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    cfgs = {(v, s): variant_config(base, v, s, out) for v in variants for s in seeds}  # all configs checked up front
-    for (v, s), c in cfgs.items():  # in variant order: the baseline's runs first, since the others' budgets are theirs
+    # all configs checked up front
+    cfgs = {(v, s): variant_config(base, v, s, out) for v in variants for s in seeds}
+    # in variant order: the baseline's runs first, since the others' budgets are theirs
+    for (v, s), c in cfgs.items():
         first = cfgs[(variants[0], s)]
         if budget is not None and c is not first:
             spent = run_cost(read_jsonl_rows(Path(first.train.out) / "metrics.jsonl"), budget)
-            c = budget_config(c, budget, spent, c.train.steps if "@" in v else max_steps or 10 * first.train.steps)
+            c = budget_config(c, budget, spent,
+                              c.train.steps if "@" in v else max_steps or 10 * first.train.steps)
         status = run_status(Path(c.train.out), c)
         if status == "finished": continue
         until = f" (until {c.train.budget:g} {budget} or {c.train.steps} steps)" if c.train.budget else ""
         if progress: print(f"== {v} seed {s} -> {c.train.out}{until}", flush=True)
         RLTrainer(args=c).train(resume=status == "resume", overwrite=status == "fresh", progress=progress)
-    return write_report(out, {v: [Path(cfgs[(v, s)].train.out) for s in seeds] for v in variants}, target, tolerance,
-                        budget)
+    return write_report(out, {v: [Path(cfgs[(v, s)].train.out) for s in seeds] for v in variants}, target,
+                        tolerance, budget)

@@ -24,25 +24,31 @@ def param(default, # the field's default value
 # %% ../nbs/00_config.ipynb #75141835
 @dataclass
 class ModelConfig:
-    name_or_path: str = "tiny"  # a hub id, a local checkpoint folder, or "tiny": the char-level policy shipped in data/
+    # a hub id, a local checkpoint folder, or "tiny": the char-level policy shipped in data/
+    name_or_path: str = "tiny"
     # the compute dtype: bfloat16/float16 = autocast over float32 master weights (the policy lesson); bf16 on GPUs
     dtype: str = param("float32", choices=["float32", "bfloat16", "float16"])
     gradient_checkpointing: bool = False  # trade compute for memory on long responses
     lora_r: int = param(0, ge=0)  # > 0: train a LoRA adapter of this rank (peft) instead of every weight
     lora_alpha: int = param(32, ge=1)  # the adapter's update is scaled by lora_alpha / lora_r
-    lora_target: str = "all-linear"  # the linear layers that get adapters: all-linear, or names like q_proj,v_proj
+    # the linear layers that get adapters: all-linear, or names like q_proj,v_proj
+    lora_target: str = "all-linear"
 
 @dataclass
 class DataConfig:
     # what to train on
-    task: str = param("synthetic", choices=["synthetic", "gsm8k", "math", "math500", "aime24", "amc23", "geo3k"])
-    path: str = ""  # training prompts as local JSONL; "" = the task's default (generated, ../shared/data, or the hub)
-    eval_path: str = ""  # eval set as local JSONL; "" = the task's default (data/synthetic_eval.jsonl for synthetic)
+    task: str = param("synthetic",
+                      choices=["synthetic", "gsm8k", "math", "math500", "aime24", "amc23", "geo3k"])
+    # training prompts as local JSONL; "" = the task's default (generated, ../shared/data, or the hub)
+    path: str = ""
+    # eval set as local JSONL; "" = the task's default (data/synthetic_eval.jsonl for synthetic)
+    eval_path: str = ""
     eval_size: int = param(200, ge=0)  # eval problems used; 0 = all of them
     seed: int = param(0, ge=0, lt=2**32)  # seeds prompt order and the synthetic generator
     # plain: the prompt text as it is (base models); chat: the tokenizer's chat template (instruct models)
     prompt_format: str = param("plain", choices=["plain", "chat"])
-    system_prompt: str = ""  # system message of prompts that bring none; "" = none (plain: text before the prompt)
+    # system message of prompts that bring none; "" = none (plain: text before the prompt)
+    system_prompt: str = ""
     # synthetic task: 0 = chains of 2 or 3 operations (the shipped task); > 0 = chain lengths with a heavy tail,
     # P(n >= k) = (k/2)^-ops_tail for 2 <= n <= max_ops, so response lengths have a tail (the `cpu-tail` preset)
     ops_tail: float = param(0.0, ge=0)
@@ -54,7 +60,8 @@ class RolloutConfig:
     # (the core lesson's engine interface)
     engine: str = "kit"
     max_slots: int = param(256, ge=1)  # kit engine: requests decoded at once (KV-cache rows)
-    window: int = param(32, ge=0)  # T-PPO: new tokens per response per step (PPO, GRPO, BPPO: whole responses)
+    # T-PPO: new tokens per response per step (PPO, GRPO, BPPO: whole responses)
+    window: int = param(32, ge=0)
     group_size: int = param(8, ge=1)  # completions per prompt; BPPO still samples all of them
     temperature: float = param(1.0, gt=0)  # 1.0 samples the policy itself, which is what the log-probs assume
     top_p: float = param(1.0, gt=0, le=1)  # 1.0 = no nucleus truncation
@@ -68,7 +75,8 @@ class RolloutConfig:
 
 @dataclass
 class AlgoConfig:
-    name: str = "grpo"  # the algorithm the trainer plugs in: grpo, bppo, tppo, ppo, or one you register (core lesson)
+    # the algorithm the trainer plugs in: grpo, bppo, tppo, ppo, or one you register (core lesson)
+    name: str = "grpo"
     eps_low: float = param(0.2, gt=0, lt=1)  # lower clip of the ratio, 1 - eps_low
     eps_high: float = param(0.28, gt=0)  # upper clip, 1 + eps_high (DAPO's clip-higher)
     beta: float = param(0.0, ge=0)  # k3 KL to a frozen reference; 0 loads no reference model
@@ -85,7 +93,8 @@ class AlgoConfig:
     adv_eps: float = param(1e-6, gt=0)
     # BPPO: which prefix of each representative is trained
     prefix_mode: str = param("pair_min", choices=["ratio", "pair_min", "tokens", "full"])
-    prefix_ratio: float = param(0.5, gt=0, le=1)  # BPPO "ratio" mode: share of each response trained at step 0
+    # BPPO "ratio" mode: share of each response trained at step 0
+    prefix_ratio: float = param(0.5, gt=0, le=1)
     prefix_ratio_end: float = param(0.5, gt=0, le=1)  # ... growing linearly to this at the last step
     prefix_tokens: int = param(64, ge=1)  # BPPO "tokens" mode: trained tokens per representative
     # BPPO: a representative stands for its class (x class size) or for itself
@@ -103,12 +112,15 @@ class AlgoConfig:
     # exploring (the first budget_explore of training), then ~ the recent correct responses' lengths, tightening
     budget: str = param("fixed", choices=["fixed", "progress"])
     budget_explore: float = param(0.2, ge=0, le=1)  # share of training at the full budget
-    budget_slack: float = param(1.0, ge=0)  # headroom over recent correct lengths as focusing starts (x1.1 at the end)
+    # headroom over recent correct lengths as focusing starts (x1.1 at the end)
+    budget_slack: float = param(1.0, ge=0)
     gamma: float = param(1.0, gt=0, le=1)  # T-PPO/PPO: discount
     lam: float = param(0.95, ge=0, le=1)  # T-PPO/PPO: GAE lambda (the floor when lam_alpha > 0)
-    lam_alpha: float = param(0.0, ge=0)  # T-PPO: length-adaptive lambda max(lam, 1 - 1/(alpha*L)); 0 = fixed lam
+    # T-PPO: length-adaptive lambda max(lam, 1 - 1/(alpha*L)); 0 = fixed lam
+    lam_alpha: float = param(0.0, ge=0)
     dual_clip: float = param(10.0, ge=0)  # T-PPO/PPO: dual-clip constant for negative advantages; 0 = off
-    exclude_last: int = param(8, ge=0)  # T-PPO: last tokens of an unfinished window left out of the policy loss
+    # T-PPO: last tokens of an unfinished window left out of the policy loss
+    exclude_last: int = param(8, ge=0)
     adv_clamp: float = param(5.0, gt=0)  # T-PPO/PPO: whitened advantages clamped to +-this
     value_lr: float = param(5e-4, gt=0)  # T-PPO/PPO: the value model's AdamW learning rate
     value_warmup: int = param(0, ge=0)  # T-PPO/PPO: the first steps train only the critic (no policy update)
@@ -170,22 +182,27 @@ class TrainConfig:
 
 @dataclass
 class SFTConfig:
-    steps: int = param(650, ge=1)  # the shipped policy's schedule, tied to steps (not wall time) to be reproducible
+    # the shipped policy's schedule, tied to steps (not wall time) to be reproducible
+    steps: int = param(650, ge=1)
     batch_size: int = param(64, ge=1)  # fresh synthetic problems per step
     lr: float = param(2e-3, gt=0)  # peak AdamW lr; tiny from-scratch transformers like ~1e-3
     warmup_steps: int = param(50, ge=0)  # linear warmup, then cosine to 10% of peak
     weight_decay: float = param(0.1, ge=0)
     verbose_frac: float = param(0.5, ge=0, le=1)  # share of traces in the verbose style
-    wrong_step_p: float = param(0.5, ge=0, le=1)  # share of traces with one slipped step (see the data lesson)
-    catch_p: float = param(1.0, ge=0, le=1)  # share of slips the verbose style's re-check catches in the traces
-    hidden_size: int = param(192, ge=8)  # the tiny Qwen2: 192 wide, 4 layers, 4 heads, tied embeddings, ~1.8M params
+    # share of traces with one slipped step (see the data lesson)
+    wrong_step_p: float = param(0.5, ge=0, le=1)
+    # share of slips the verbose style's re-check catches in the traces
+    catch_p: float = param(1.0, ge=0, le=1)
+    # the tiny Qwen2: 192 wide, 4 layers, 4 heads, tied embeddings, ~1.8M params
+    hidden_size: int = param(192, ge=8)
     num_layers: int = param(4, ge=1)
     num_heads: int = param(4, ge=1)
     intermediate_size: int = param(512, ge=8)
     seed: int = param(0, ge=0, lt=2**32)  # seeds init and the problem stream
     # "" = a new model from scratch (the sizes above); else a checkpoint to fine-tune ("tiny", a folder)
     init: str = ""
-    max_positions: int = param(512, ge=16)  # the model's context (prompt + response), raised on a checkpoint if lower
+    # the model's context (prompt + response), raised on a checkpoint if lower
+    max_positions: int = param(512, ge=16)
     out: str = "data/tiny_policy"  # where the checkpoint goes
 
 # %% ../nbs/00_config.ipynb #b3d25c55
@@ -228,7 +245,8 @@ def validate(cfg: Config) -> Config:
     "Check every field of `cfg` against its type and range; raise `ConfigError` naming the first bad one"
     for sec in fields(cfg):
         part = getattr(cfg, sec.name)
-        for f in fields(part): setattr(part, f.name, _check_value(f"{sec.name}.{f.name}", f, getattr(part, f.name)))
+        for f in fields(part):
+            setattr(part, f.name, _check_value(f"{sec.name}.{f.name}", f, getattr(part, f.name)))
     if cfg.algo.dual_clip and cfg.algo.dual_clip <= 1:
         raise ConfigError(f"algo.dual_clip: must be > 1 or 0 (off), got {cfg.algo.dual_clip}")
     if cfg.train.loss_kernel != "naive" and cfg.algo.beta > 0:
@@ -259,11 +277,13 @@ def set_value(cfg: Config, key: str, value) -> Config:
 
 def apply_overrides(cfg: Config, overrides: list[str]) -> Config:
     "Apply `key=value` strings (the CLI's `--set`) to `cfg`, then validate the whole"
-    str_keys = {f"{s.name}.{f.name}" for s in fields(cfg) for f in fields(getattr(cfg, s.name)) if f.type == "str"}
+    str_keys = {f"{s.name}.{f.name}" for s in fields(cfg) for f in fields(getattr(cfg, s.name))
+                if f.type == "str"}
     for o in overrides or []:
         if "=" not in o: raise ConfigError(f"override {o!r} is not of the form key=value")
         k, v = o.split("=", 1)
-        set_value(cfg, k.strip(), v if k.strip() in str_keys else _yaml_scalar(v))  # strings stay as typed: out=123
+        # strings stay as typed: out=123
+        set_value(cfg, k.strip(), v if k.strip() in str_keys else _yaml_scalar(v))
     return validate(cfg)
 
 # %% ../nbs/00_config.ipynb #eea4b85c
@@ -281,7 +301,8 @@ def from_dict(d: dict, base: Config | None = None) -> Config:
 
 def save_config(cfg: Config, path) -> Path:
     "Write `cfg` as YAML to `path`"
-    path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
     return path
 
@@ -317,8 +338,10 @@ def _cpu_tail() -> Config:
     c.train.out = "runs/cpu-tail"
     return c
 
-def _gpu(model: str, task: str, group: int, max_new: int, out: str, micro_batch: int, vllm_share: float) -> Config:
-    "A GPU preset: bf16 compute, checkpointing and the fused loss, vLLM with `vllm_share` of the GPU (`bppo plan`)"
+def _gpu(model: str, task: str, group: int, max_new: int, out: str, micro_batch: int,
+         vllm_share: float) -> Config:
+    ("A GPU preset: bf16 compute, checkpointing and the fused loss, vLLM with `vllm_share` of the GPU "
+     "(`bppo plan`)")
     c = Config()
     c.model.name_or_path, c.model.dtype, c.model.gradient_checkpointing = model, "bfloat16", True
     c.data.task, c.data.eval_size = task, 500
@@ -337,21 +360,25 @@ def _chat(c: Config, system_prompt: str) -> Config:
 PRESETS = {
     "tiny": Config,  # the shipped policy's SFT (the `sft` section) and its eval
     "cpu-demo": _cpu_demo,
-    "cpu-tail": _cpu_tail,  # T-PPO's task: response lengths with a long tail (`bppo sft --preset cpu-tail` first)
+    # T-PPO's task: response lengths with a long tail (`bppo sft --preset cpu-tail` first)
+    "cpu-tail": _cpu_tail,
     # an instruct model: its chat template. The GSM8K prompt asks for the answer after '####'; a system prompt asking
     # for \boxed{} would contradict it (the verifier's gsm8k rule takes either anchor, whichever comes last)
     # both fit one 80 GB GPU with room to spare (32 and 56 GiB at their peaks: `bppo plan`, the plan lesson)
     "gsm8k-qwen2.5-0.5b": lambda: _chat(_gpu("Qwen/Qwen2.5-0.5B-Instruct", "gsm8k", 8, 1024,
-                                             "runs/gsm8k-qwen2.5-0.5b", 16, 0.3), "You are a helpful assistant."),
+                                             "runs/gsm8k-qwen2.5-0.5b", 16, 0.3),
+                                        "You are a helpful assistant."),
     # a base model: plain text prompts, as R1-Zero-style runs on it use
-    "math-qwen2.5-1.5b": lambda: _gpu("Qwen/Qwen2.5-Math-1.5B", "math", 8, 3072, "runs/math-qwen2.5-1.5b", 8, 0.4),
+    "math-qwen2.5-1.5b": lambda: _gpu("Qwen/Qwen2.5-Math-1.5B", "math", 8, 3072,
+                                      "runs/math-qwen2.5-1.5b", 8, 0.4),
 }
 
 def get_config(preset: str = "cpu-demo", # a name in `PRESETS`
                config_file=None, # optional YAML applied on top of the preset
                overrides: list[str] | None = None): # `key=value` strings applied last
     "The validated config a run uses: preset, then file, then overrides"
-    if preset not in PRESETS: raise ConfigError(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
+    if preset not in PRESETS:
+        raise ConfigError(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
     cfg = PRESETS[preset]()
     if config_file: cfg = load_config(config_file, cfg)
     return apply_overrides(cfg, overrides or [])

@@ -25,12 +25,14 @@ class SamplingParams:
     max_new_tokens: int = 160  # hard cap on completion length
     stop_token_ids: list[int] = field(default_factory=list)  # extra stop tokens besides the tokenizer's EOS
     seed: int | None = None  # seeds torch's generator for reproducible samples
-    logprobs: bool = True  # return per-token log-probs (keeps [batch, vocab] logits per step: off for big vocabularies)
+    # return per-token log-probs (keeps [batch, vocab] logits per step: off for big vocabularies)
+    logprobs: bool = True
 
     def __post_init__(self):
         if self.temperature < 0: raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1: raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.max_new_tokens < 1: raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
 
 @dataclass
 class Completion:
@@ -66,7 +68,8 @@ class Rollout:
     rewards: torch.Tensor  # [B, G]
     correct: torch.Tensor  # [B, G] bool
     lengths: torch.Tensor  # [B, G] response tokens (EOS not counted)
-    valid: torch.Tensor | None = None  # [B, G] bool: False for completions cancelled by a scheduler (no reward known)
+    # [B, G] bool: False for completions cancelled by a scheduler (no reward known)
+    valid: torch.Tensor | None = None
 
     def __post_init__(self):
         B, G = self.rewards.shape
@@ -101,7 +104,8 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim=None) -> torch.Tensor:
     return (x * m).sum(dim) / m.sum(dim).clamp(min=1)
 
 # %% ../nbs/03c_core.ipynb #22e5ee25
-def clipped_surrogate(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, # [B, T] each (adv broadcastable)
+def clipped_surrogate(logp: torch.Tensor, old_logp: torch.Tensor, # [B, T] each
+                      adv: torch.Tensor, # [B, T], or broadcastable to it
                       eps_low: float = 0.2, eps_high: float = 0.28) -> tuple[torch.Tensor, torch.Tensor]:
     "Per-token PPO loss [B, T] and a bool [B, T] of tokens where clipping removed the gradient"
     ratio = torch.exp(logp - old_logp)
@@ -121,24 +125,29 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
 
 # %% ../nbs/03c_core.ipynb #c5a1f59f
 class Algorithm:
-    "What the training loop asks of an algorithm; the defaults fit group algorithms, which write only `prepare`"
+    ("What the training loop asks of an algorithm; the defaults fit group algorithms, which write only "
+     "`prepare`")
     def __init__(self, cfg: Config, # the run's validated config
                  policy=None): # the model being trained (T-PPO copies it for its value model)
         self.cfg, self.name = cfg, cfg.algo.name
 
     @classmethod
     def check(cls, cfg: Config):
-        "Raise `ConfigError`, naming the field, if `cfg` does not suit this algorithm (called before anything loads)"
+        ("Raise `ConfigError`, naming the field, if `cfg` does not suit this algorithm (called before "
+         "anything loads)")
 
     def collect(self, step: int, sampler) -> tuple[list[TrainItem], dict]:
-        "This process's train items and the step's metrics: a scored group rollout from `sampler`, handed to `prepare`"
-        rollout, metrics = sampler.groups(step, self.scheduler, self.budget(step))  # the whole step, every process
+        ("This process's train items and the step's metrics: a scored group rollout from `sampler`, handed "
+         "to `prepare`")
+        # the whole step, every process
+        rollout, metrics = sampler.groups(step, self.scheduler, self.budget(step))
         items, more = self.prepare(rollout, step)
         return sampler.mine(items), {**metrics, **more}  # this process trains its deal of the items
 
     def prepare(self, rollout: Rollout, step: int = 0) -> tuple[list[TrainItem], dict]:
         "Train items and metrics for a scored rollout (group algorithms write this)"
-        raise NotImplementedError(f"{type(self).__name__} must define prepare(rollout, step) or override collect")
+        raise NotImplementedError(f"{type(self).__name__} must define prepare(rollout, step) or "
+                                  "override collect")
 
     def scheduler(self, examples: list[Example]):
         "The engine's `on_finish` callback for this step's prompts, or None: every completion runs to its end"
@@ -158,7 +167,8 @@ class Algorithm:
         return {}
 
     def distribute(self, dist):
-        "Scale-out: wrap the algorithm's own trained models with `dist.prepare` (the distributed lesson); default none"
+        ("Scale-out: wrap the algorithm's own trained models with `dist.prepare` (the distributed lesson); "
+         "default none")
 
     def state_dict(self) -> dict | None: return None  # the algorithm's own state for checkpoints, if any
     def load_state_dict(self, state: dict): pass
@@ -167,18 +177,21 @@ class Algorithm:
 ALGORITHMS: dict[str, type] = {}  # name -> Algorithm subclass; filled by `register`
 
 def _same_class(a: type, b: type) -> bool:
-    "One class defined twice: a re-run cell, a reloaded module, or a lesson's copy (`__main__`) of the package's class"
+    ("One class defined twice: a re-run cell, a reloaded module, or a lesson's copy (`__main__`) of the "
+     "package's class")
     same_home = a.__module__ == b.__module__ or "__main__" in (a.__module__, b.__module__)
     return a.__qualname__ == b.__qualname__ and same_home
 
-def _registrar(table: dict, base: type, kind: str, name: str, # kind: "algorithm" or "engine", for the messages
+def _registrar(table: dict, base: type, kind: str, name: str, # kind: "algorithm" or "engine" (for messages)
                decorator: str):
-    "A class decorator that puts a `base` subclass into `table` as `name` (the newest definition of a class wins)"
+    ("A class decorator that puts a `base` subclass into `table` as `name` (the newest definition of a "
+     "class wins)")
     if not name or not name.replace("_", "").replace("-", "").isalnum():
         raise ValueError(f"bad {kind} name {name!r}")
     def deco(cls):
         if not (isinstance(cls, type) and issubclass(cls, base)):
-            raise TypeError(f"{decorator}({name!r}) takes a subclass of bppo_kit.core.{base.__name__}, got {cls!r}")
+            raise TypeError(f"{decorator}({name!r}) takes a subclass of bppo_kit.core.{base.__name__}, "
+                            f"got {cls!r}")
         old = table.get(name)
         if old is not None and not _same_class(old, cls):
             raise ValueError(f"{kind} {name!r} is already registered ({old.__module__}.{old.__qualname__})")
@@ -202,7 +215,8 @@ def algorithm_class(name: str) -> type:
     "The registered class of algorithm `name`; a `ConfigError` naming `algo.name` if there is none"
     if name not in ALGORITHMS: algorithm_names()
     if name not in ALGORITHMS:
-        raise ConfigError(f"algo.name: must be one of {', '.join(ALGORITHMS) or '(none registered)'}; got {name!r}")
+        raise ConfigError(f"algo.name: must be one of {', '.join(ALGORITHMS) or '(none registered)'}; got "
+                          f"{name!r}")
     return ALGORITHMS[name]
 
 def make_algorithm(cfg: Config, policy=None) -> Algorithm:
@@ -215,10 +229,14 @@ def make_algorithm(cfg: Config, policy=None) -> Algorithm:
 @dataclass(frozen=True)
 class EngineCaps:
     "What an engine can do: the trainer, the sampler and the algorithms ask these, never an engine's name"
-    logprobs: bool = True  # returns the log-prob of each sampled token (truncated importance sampling needs them)
-    exact: bool = True  # decodes the trainer's weights with its numerics: in float32 its log-probs are the trainer's
-    own_weights: bool = False  # holds its own copy of the weights: `sync_weights` at setup and after every update
-    windows: bool = False  # `run(requests, sampling, window)` pauses unfinished requests; `Request.prefix` resumes them
+    # returns the log-prob of each sampled token (truncated importance sampling needs them)
+    logprobs: bool = True
+    # decodes the trainer's weights with its numerics: in float32 its log-probs are the trainer's
+    exact: bool = True
+    # holds its own copy of the weights: `sync_weights` at setup and after every update
+    own_weights: bool = False
+    # `run(requests, sampling, window)` pauses unfinished requests; `Request.prefix` resumes them
+    windows: bool = False
     cancels: bool = False  # `on_finish(completion)` may return requests to cancel while they run
     device: str | None = None  # the device type it needs ("cuda"); None: any
 
@@ -228,20 +246,24 @@ class EngineCaps:
 
 @dataclass
 class EngineMemory:
-    "What an engine holds on a GPU, as the memory planner counts it: while it generates, and through the update"
+    ("What an engine holds on a GPU, as the memory planner counts it: while it generates, and through "
+     "the update")
     generating: int  # bytes while it generates
     updating: int  # bytes it keeps while the policy updates
     at_once: int  # sequences it decodes at once
     rows: list = field(default_factory=list)  # (what, bytes, note) for the plan's table
-    knobs: list = field(default_factory=list)  # (config field, value) that shrink `generating`, least costly first
+    # (config field, value) that shrink `generating`, least costly first
+    knobs: list = field(default_factory=list)
     problem: str = ""  # one line naming the field, when the engine cannot start at all
 
     @classmethod
     def kv_cache(cls, what: str, rows: int, seq_tokens: int, kv_per_token: int, # a cache of `rows` sequences
-                 kept: bool, knobs=()) -> EngineMemory: # kept through the update, or freed when generation ends
+                 # kept through the update, or freed when generation ends
+                 kept: bool, knobs=()) -> EngineMemory:
         "An engine whose memory is one KV cache"
         kv = rows * seq_tokens * kv_per_token
-        note = f"{rows} rows x {seq_tokens} tokens; " + ("kept through the update" if kept else "freed after generate")
+        note = f"{rows} rows x {seq_tokens} tokens; " + ("kept through the update" if kept
+                                                         else "freed after generate")
         return cls(kv, kv if kept else 0, rows, [(what, kv, note)], list(knobs))
 
 # %% ../nbs/03c_core.ipynb #f3d8cf98
@@ -252,7 +274,8 @@ class Engine:
 
     @classmethod
     def check(cls, cfg: Config):
-        "Raise `ConfigError`, naming the field, if this engine cannot serve `cfg` (called before anything loads)"
+        ("Raise `ConfigError`, naming the field, if this engine cannot serve `cfg` (called before "
+         "anything loads)")
         dev = cls.caps.device
         if dev and cfg.train.device not in ("auto", dev):
             raise ConfigError(f"rollout.engine: {cls.name or cls.__name__} needs a {dev} device, "
@@ -282,13 +305,16 @@ class Engine:
                kv_per_token: int, # KV-cache bytes of one token (all layers)
                weight_bytes: int, gpu_bytes: int) -> EngineMemory: # the weights in the compute dtype; one GPU
         "What the engine holds on a GPU for a step (the memory planner); by default: not modelled"
-        return EngineMemory(0, 0, seqs, [(f"{cls.name or cls.__name__} engine", 0, "not modelled by the planner")])
+        return EngineMemory(0, 0, seqs,
+                            [(f"{cls.name or cls.__name__} engine", 0, "not modelled by the planner")])
 
     def sleep(self):
-        "Free the engine's device memory until the next `sync_weights` (the update needs it); no-op by default"
+        ("Free the engine's device memory until the next `sync_weights` (the update needs it); no-op "
+         "by default")
 
     def close(self):
-        "Give back what the engine holds for good (a run closes its engine when `train` returns); no-op by default"
+        ("Give back what the engine holds for good (a run closes its engine when `train` returns); no-op "
+         "by default")
 
 # %% ../nbs/03c_core.ipynb #c81a6e6e
 ENGINES: dict[str, type] = {}  # name -> Engine subclass; filled by `register_engine`
@@ -306,7 +332,8 @@ def engine_class(name: str) -> type:
     # the built-in engines register themselves when the rollout lesson's module loads; load it on first need
     if name not in ENGINES: import bppo_kit.rollout  # noqa: F401
     if name not in ENGINES:
-        raise ConfigError(f"rollout.engine: must be one of {', '.join(ENGINES) or '(none registered)'}; got {name!r}")
+        raise ConfigError(f"rollout.engine: must be one of {', '.join(ENGINES) or '(none registered)'}; got "
+                          f"{name!r}")
     return ENGINES[name]
 
 def engine_caps(cfg: Config) -> EngineCaps:

@@ -25,7 +25,8 @@ class Example:
     answer: str  # the gold final answer, bare ("29", "\\frac{1}{2}")
     task: str = "synthetic"  # selects the verifier's extraction policy
     meta: dict = field(default_factory=dict)  # anything else: the expression, a reference solution, a level…
-    messages: list[dict] | None = None  # a conversation (TRL's [{"role", "content"}, ...]); `prompt` is then its text
+    # a conversation (TRL's [{"role", "content"}, ...]); `prompt` is then its text
+    messages: list[dict] | None = None
 
 # %% ../nbs/02_data.ipynb #6e37ae3d
 OPS = "+-*"
@@ -74,7 +75,8 @@ def make_trace(p: Problem, # the problem to solve
                wrong_p: float = 0.5, # probability of one slipped step
                catch_p: float = 1.0) -> str: # probability a verbose re-check catches the slip
     "A worked solution of `p` in `style`, ending in `#### answer` (the answer it reached, right or wrong)"
-    if style not in ("concise", "verbose"): raise ValueError(f"style must be 'concise' or 'verbose', got {style!r}")
+    if style not in ("concise", "verbose"):
+        raise ValueError(f"style must be 'concise' or 'verbose', got {style!r}")
     bad = rng.randrange(len(p.ops)) if rng.random() < wrong_p else -1
     caught = rng.random() < catch_p
     v, parts = p.operands[0], []
@@ -106,11 +108,14 @@ def make_synthetic_eval(n: int = SYNTHETIC_EVAL_SIZE, seed: int = SYNTHETIC_EVAL
     rng, seen, out = random.Random(seed), set(), []
     while len(out) < n:
         p = make_problem(rng)
-        if p.expr not in seen: seen.add(p.expr); out.append(synthetic_example(p))
+        if p.expr not in seen:
+            seen.add(p.expr)
+            out.append(synthetic_example(p))
     return out
 
 def synthetic_stream(seed: int = 0, # seeds the stream
-                     exclude: set[str] | None = None) -> Iterator[Problem]: # expressions never to yield (eval set's)
+                     # expressions never to yield (eval set's)
+                     exclude: set[str] | None = None) -> Iterator[Problem]:
     "An endless stream of fresh synthetic problems, skipping `exclude`"
     rng = random.Random(seed)
     exclude = exclude if exclude is not None else {e.meta["expr"] for e in load_synthetic_eval()}
@@ -131,7 +136,8 @@ def read_jsonl(path) -> list[dict]:
         for i, line in enumerate(f, 1):
             if not line.strip(): continue
             try: row = json.loads(line)
-            except json.JSONDecodeError as e: raise DataError(f"{path}:{i}: not valid JSON ({e.msg})") from None
+            except json.JSONDecodeError as e:
+                raise DataError(f"{path}:{i}: not valid JSON ({e.msg})") from None
             if not isinstance(row, dict):
                 raise DataError(f"{path}:{i}: expected a JSON object, got {type(row).__name__}")
             rows.append(row)
@@ -139,9 +145,11 @@ def read_jsonl(path) -> list[dict]:
 
 def write_jsonl(rows, path) -> Path:
     "Write dicts (or dataclasses) one per line, atomically (temp file + rename)"
-    path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text("".join(json.dumps(asdict(r) if hasattr(r, "__dataclass_fields__") else r) + "\n" for r in rows))
+    tmp.write_text("".join(json.dumps(asdict(r) if hasattr(r, "__dataclass_fields__") else r) + "\n"
+                           for r in rows))
     tmp.replace(path)
     return path
 
@@ -154,12 +162,14 @@ def make_chain(rng: random.Random, # the source of randomness (seeded by the cal
                n_ops: int, # operations in the chain, any number
                lo: int = 1, hi: int = 12, # operand range
                max_value: int = 99) -> Problem: # intermediates stay in [0, max_value]
-    "A left-to-right chain of `n_ops` operations built step by step, each step chosen among those that stay in range"
+    ("A left-to-right chain of `n_ops` operations built step by step, each step chosen among those that stay "
+     "in range")
     v = rng.randint(lo, hi)
     operands, ops = [v], []
     for _ in range(n_ops):
         choices = [(op, x) for op in OPS for x in range(lo, hi + 1) if 0 <= _apply(v, op, x) <= max_value]
-        if not choices: raise ValueError(f"no operation on {v} with operands {lo}..{hi} stays in [0, {max_value}]")
+        if not choices:
+            raise ValueError(f"no operation on {v} with operands {lo}..{hi} stays in [0, {max_value}]")
         op, x = rng.choice(choices)
         v = _apply(v, op, x)
         operands.append(x)
@@ -198,7 +208,8 @@ def make_tail_eval(ops_tail: float, # the tail's exponent (`data.ops_tail`)
 # %% ../nbs/02_data.ipynb #786906f0
 def tail_stream(seed: int, # seeds the stream
                 ops_tail: float, max_ops: int = 40, # the chain lengths' tail, as in `make_tail_eval`
-                exclude: set[str] | None = None) -> Iterator[Problem]: # expressions never to yield (eval set's)
+                # expressions never to yield (eval set's)
+                exclude: set[str] | None = None) -> Iterator[Problem]:
     "An endless stream of fresh problems of the tail variant, skipping `exclude`"
     rng = random.Random(seed)
     exclude = exclude if exclude is not None else {e.meta["expr"] for e in make_tail_eval(ops_tail, max_ops)}
@@ -208,7 +219,8 @@ def tail_stream(seed: int, # seeds the stream
 
 # %% ../nbs/02_data.ipynb #8e10d3b2
 def synthetic_eval(d: DataConfig | None = None) -> list[Example]:
-    "The synthetic eval set of `d`: `d.eval_path`'s file, else the tail variant's (`ops_tail > 0`), else the shipped"
+    ("The synthetic eval set of `d`: `d.eval_path`'s file, else the tail variant's (`ops_tail > 0`), else "
+     "the shipped")
     d = d or DataConfig()
     if d.eval_path: return load_synthetic_eval(d.eval_path)
     if d.ops_tail > 0: return make_tail_eval(d.ops_tail, d.max_ops)
@@ -217,8 +229,10 @@ def synthetic_eval(d: DataConfig | None = None) -> list[Example]:
 # %% ../nbs/02_data.ipynb #86517da3
 def problem_stream(d: DataConfig, # the data config: `ops_tail`, `max_ops`, `eval_path`
                    seed: int = 0, # seeds the stream
-                   exclude: set[str] | None = None) -> Iterator[Problem]: # None: `synthetic_eval(d)`'s expressions
-    "The synthetic training problems of `d`: the tail variant's when `d.ops_tail > 0`, else the shipped task's"
+                   # None: `synthetic_eval(d)`'s expressions
+                   exclude: set[str] | None = None) -> Iterator[Problem]:
+    ("The synthetic training problems of `d`: the tail variant's when `d.ops_tail > 0`, else the "
+     "shipped task's")
     if exclude is None: exclude = {e.meta["expr"] for e in synthetic_eval(d)}
     if d.ops_tail > 0: return tail_stream(seed, d.ops_tail, d.max_ops, exclude)
     return synthetic_stream(seed, exclude)
@@ -233,14 +247,18 @@ def check_messages(msgs, # a row's `prompt` given as a list of messages
         raise DataError(f"{where}: expected a string or a non-empty list of messages, got {msgs!r:.80}")
     out = []
     for i, m in enumerate(msgs):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-            raise DataError(f"{where}: message {i} must be a dict with string 'role' and 'content', got {m!r:.80}")
+        if (not isinstance(m, dict) or not isinstance(m.get("role"), str)
+                or not isinstance(m.get("content"), str)):
+            raise DataError(f"{where}: message {i} must be a dict with string 'role' and 'content', got "
+                            f"{m!r:.80}")
         if m["role"] not in ROLES:
             raise DataError(f"{where}: message {i} has role {m['role']!r}; roles are {', '.join(ROLES)}")
-        if m["role"] == "system" and i: raise DataError(f"{where}: message {i}: a system message must come first")
+        if m["role"] == "system" and i:
+            raise DataError(f"{where}: message {i}: a system message must come first")
         out.append({"role": m["role"], "content": m["content"]})
     if out[-1]["role"] != "user":
-        raise DataError(f"{where}: the last message must be the user's (the model answers it), not {out[-1]['role']!r}")
+        raise DataError(f"{where}: the last message must be the user's (the model answers it), not "
+                        f"{out[-1]['role']!r}")
     return out
 
 def conversation(prompt, # a row's `prompt`: a string, or a list of messages
@@ -252,9 +270,11 @@ def conversation(prompt, # a row's `prompt`: a string, or a list of messages
 
 # %% ../nbs/02_data.ipynb #9e5b6c05
 def prompt_messages(ex: Example, system_prompt: str = "") -> list[dict]:
-    "The chat messages of `ex` (its own, or its prompt as the user's), after `system_prompt` where it has no system one"
+    ("The chat messages of `ex` (its own, or its prompt as the user's), after `system_prompt` where it has "
+     "no system one")
     msgs = ex.messages if ex.messages is not None else [{"role": "user", "content": ex.prompt}]
-    if system_prompt and msgs[0]["role"] != "system": msgs = [{"role": "system", "content": system_prompt}, *msgs]
+    if system_prompt and msgs[0]["role"] != "system":
+        msgs = [{"role": "system", "content": system_prompt}, *msgs]
     return [dict(m) for m in msgs]
 
 def prompt_text(ex: Example, system_prompt: str = "") -> str:
@@ -266,17 +286,21 @@ def prompt_text(ex: Example, system_prompt: str = "") -> str:
 MATH_TEMPLATE = "{question}\nPlease reason step by step, and put your final answer within \\boxed{{}}."
 GSM8K_TEMPLATE = "{question}\nPlease reason step by step, and give the final answer after '####'."
 
-TASKS = {  # task -> ({split: local file under shared data}, hub dataset, question field, answer field, template)
+# task -> ({split: local file under shared data}, hub dataset, question field, answer field, template)
+TASKS = {
     "gsm8k": ({"train": "gsm8k/train.jsonl", "test": "gsm8k/test.jsonl"}, ("openai/gsm8k", "main"),
               "question", "answer", GSM8K_TEMPLATE),
-    "math": ({"train": "math/math_train_7500.jsonl", "test": "math/math500_test.jsonl"},  # tested on MATH500, as usual
+    # tested on MATH500, as usual
+    "math": ({"train": "math/math_train_7500.jsonl", "test": "math/math500_test.jsonl"},
              ("hendrycks/competition_math",), "problem", "answer", MATH_TEMPLATE),
-    "math500": ({"test": "math/math500_test.jsonl"}, ("HuggingFaceH4/MATH-500",), "problem", "answer", MATH_TEMPLATE),
+    "math500": ({"test": "math/math500_test.jsonl"}, ("HuggingFaceH4/MATH-500",), "problem",
+                "answer", MATH_TEMPLATE),
     "aime24": ({"test": "competition/aime24_qwen25math.jsonl"}, ("HuggingFaceH4/aime_2024",),
                "problem", "answer", MATH_TEMPLATE),
-    "amc23": ({"test": "competition/amc23_qwen25math.jsonl"}, ("math-ai/amc23",), "question", "answer", MATH_TEMPLATE),
-    "geo3k": ({s: f"geometry3k/geo3k_{s}_text.jsonl" for s in ("train", "val", "test")}, ("hiyouga/geometry3k",),
-              "problem", "answer", MATH_TEMPLATE),
+    "amc23": ({"test": "competition/amc23_qwen25math.jsonl"}, ("math-ai/amc23",), "question",
+              "answer", MATH_TEMPLATE),
+    "geo3k": ({s: f"geometry3k/geo3k_{s}_text.jsonl" for s in ("train", "val", "test")},
+              ("hiyouga/geometry3k",), "problem", "answer", MATH_TEMPLATE),
 }
 
 def row_to_example(row: dict, task: str) -> Example:
@@ -289,7 +313,8 @@ def row_to_example(row: dict, task: str) -> Example:
     if task == "gsm8k": ans = ans.split("####")[-1].strip().replace(",", "")
     if task == "aime24" and ans.isdigit(): ans = str(int(ans))
     if task == "amc23" and ans.endswith(".0"): ans = ans[:-2]
-    meta = {k: v for k, v in row.items() if k not in (q, a, "prompt") and isinstance(v, (str, int, float, type(None)))}
+    meta = {k: v for k, v in row.items() if k not in (q, a, "prompt")
+            and isinstance(v, (str, int, float, type(None)))}
     # TRL's `prompt` column (a string or messages) as it is; else the task's template around the question
     text = conversation(row["prompt"]) if "prompt" in row else dict(prompt=tmpl.format(question=question))
     return Example(answer=ans, task=task, meta=meta, **text)
@@ -299,13 +324,15 @@ def load_task(task: str, # a key of `TASKS`, or "synthetic"
               path=None, # a local JSONL file or a hub dataset name; None = the default local file
               limit: int | None = None) -> list[Example]: # keep the first `limit` rows
     "The examples of a task, from a local file or the hub"
-    if task == "synthetic":  # its one file is the eval set; training prompts are streamed by `synthetic_stream`
+    # its one file is the eval set; training prompts are streamed by `synthetic_stream`
+    if task == "synthetic":
         ex = load_synthetic_eval(path)
         return ex[:limit] if limit else ex
     if task not in TASKS: raise DataError(f"unknown task {task!r}; choose from synthetic, {', '.join(TASKS)}")
     local, hub, *_ = TASKS[task]
     if path is None and split not in local:  # eval-only sets are never trained on by accident
-        raise DataError(f"{task} has no {split!r} split here (it has: {', '.join(local)}); give a file with data.path")
+        raise DataError(f"{task} has no {split!r} split here (it has: {', '.join(local)}); give a file with "
+                        "data.path")
     src = path or shared_data_dir() / local[split]
     rows = (read_jsonl(src) if path is None or Path(path).suffix == ".jsonl" or Path(path).exists()
             else _load_hub(str(path), split, hub))
@@ -313,7 +340,8 @@ def load_task(task: str, # a key of `TASKS`, or "synthetic"
     for i, r in enumerate(rows, 1):
         try: ex.append(row_to_example(r, task))
         except DataError as e: raise DataError(f"{src} row {i}: {e}") from None
-    kept = [e for e in ex if e.answer.strip()]  # a row without a gold answer cannot be graded (MATH train has two)
+    # a row without a gold answer cannot be graded (MATH train has two)
+    kept = [e for e in ex if e.answer.strip()]
     if len(kept) < len(ex):
         warnings.warn(f"{task}: dropped {len(ex) - len(kept)} rows with an empty answer", stacklevel=2)
     return kept[:limit] if limit else kept
@@ -324,4 +352,5 @@ def _load_hub(name: str, split: str, hub: tuple):
     except ImportError: raise DataError("loading from the hub needs `pip install datasets`") from None
     args = hub if name == hub[0] else (name,)
     try: return [dict(r) for r in load_dataset(*args, split=split)]
-    except Exception as e: raise DataError(f"could not load {name!r} split {split!r} from the hub: {e}") from None
+    except Exception as e:
+        raise DataError(f"could not load {name!r} split {split!r} from the hub: {e}") from None

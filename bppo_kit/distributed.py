@@ -18,7 +18,8 @@ __all__ = ['Dist', 'bare', 'close_group', 'launched_world', 'check_world', 'deep
 
 # %% ../nbs/03e_distributed.ipynb #ae99ca02
 class Dist:
-    "This process's rank, the world size and the collectives the loop uses; with no `acc` (one process) all are no-ops"
+    ("This process's rank, the world size and the collectives the loop uses; with no `acc` (one process) all "
+     "are no-ops")
     def __init__(self, acc=None): # an `accelerate.Accelerator` of a launched run
         self.acc = acc
         self.rank, self.world = (acc.process_index, acc.num_processes) if acc is not None else (0, 1)
@@ -57,7 +58,8 @@ class Dist:
     def prepare(self, model, opt):
         "`model` and `opt` wrapped by accelerate (DDP, FSDP2); unchanged on one process"
         if self.world == 1: return model, opt
-        with warnings.catch_warnings():  # torch renames `broadcast_buffers`, which accelerate's handler still passes
+        # torch renames `broadcast_buffers`, which accelerate's handler still passes
+        with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*broadcast_buffers.*deprecated")
             return self.acc.prepare(model, opt)
 
@@ -79,8 +81,10 @@ class Dist:
 
     def passes(self, model, n: int, zero, # `zero()`: a zero loss through the whole model
                rounds: int | None = None): # the busiest process's `n` (asked for when None)
-        "This process's `n` backward passes as (index, last?), then zero ones up to `rounds`: collectives match"
-        rounds = self.max(n) if rounds is None else rounds  # DDP's all-reduces and FSDP2's all-gathers pair up
+        ("This process's `n` backward passes as (index, last?), then zero ones up to `rounds`: "
+         "collectives match")
+        # DDP's all-reduces and FSDP2's all-gathers pair up
+        rounds = self.max(n) if rounds is None else rounds
         for i in range(rounds):
             last = i == rounds - 1
             if i < n: yield i, last
@@ -100,7 +104,8 @@ def close_group():
 
 # %% ../nbs/03e_distributed.ipynb #946a1dcc
 def launched_world() -> int:
-    "How many processes a launcher (`accelerate launch`, `torchrun`) started (its `WORLD_SIZE`; 1 when none did)"
+    ("How many processes a launcher (`accelerate launch`, `torchrun`) started (its `WORLD_SIZE`; 1 when "
+     "none did)")
     return int(os.environ.get("WORLD_SIZE", "1") or 1)
 
 def _env_true(name: str) -> bool: return os.environ.get(name, "").lower() in ("1", "true", "yes")
@@ -109,8 +114,8 @@ def check_world(cfg: Config, world: int):
     "A `ConfigError` naming the field if a step's prompts do not split into `world` whole shares"
     n = cfg.train.prompts_per_step
     if n % world:
-        raise ConfigError(f"train.prompts_per_step: {n} prompts do not split into {world} processes' whole groups; "
-                          f"use a multiple of {world}")
+        raise ConfigError(f"train.prompts_per_step: {n} prompts do not split into {world} processes' whole "
+                          f"groups; use a multiple of {world}")
 
 def deepspeed_problem() -> str:
     "Why a DeepSpeed launch cannot run the kit (one line)"
@@ -120,11 +125,12 @@ def deepspeed_problem() -> str:
 
 def fsdp_problem(where: str) -> str:
     "Why an FSDP launch cannot run here (one line)"
-    return (f"accelerate config: FSDP was asked for, but accelerate runs FSDP only on accelerators (here: {where}); "
-            "use configs/accelerate/ddp.yaml")
+    return ("accelerate config: FSDP was asked for, but accelerate runs FSDP only on accelerators (here: "
+            f"{where}); use configs/accelerate/ddp.yaml")
 
 def launch_problem(config_file: str) -> str | None:
-    "Why an accelerate config file cannot run the kit on this machine (one line), or None (`bppo launch` asks first)"
+    ("Why an accelerate config file cannot run the kit on this machine (one line), or None (`bppo launch` "
+     "asks first)")
     import yaml
     from pathlib import Path
     p = Path(config_file)
@@ -154,14 +160,16 @@ def init_dist(cfg: Config, cpu: bool) -> Dist: # `cpu`: the run's device is the 
     return d
 
 # %% ../nbs/03e_distributed.ipynb #c0c2c82b
-def gather_rollout(dist: Dist, ro: Rollout, first: int) -> Rollout: # `first`: the global index of ro's first prompt
+def gather_rollout(dist: Dist, ro: Rollout,
+                   first: int) -> Rollout: # `first`: the global index of ro's first prompt
     "The step's whole rollout from every rank's share, in rank order, prompt indices made global"
     if dist.world == 1: return ro
     cs = [replace(c, prompt_index=c.prompt_index + first) for c in ro.completions]
     parts = dist.gather((ro.examples, cs, ro.rewards, ro.correct, ro.lengths, ro.valid))
     cat = lambda k: torch.cat([p[k].cpu() for p in parts])
     valid = None if any(p[5] is None for p in parts) else cat(5)
-    return Rollout([e for p in parts for e in p[0]], [c for p in parts for c in p[1]], cat(2), cat(3), cat(4), valid)
+    return Rollout([e for p in parts for e in p[0]], [c for p in parts for c in p[1]],
+                   cat(2), cat(3), cat(4), valid)
 
 def deal_items(items: list[TrainItem], world: int) -> list[list[TrainItem]]:
     "`items` dealt to `world` ranks, balancing trained tokens; each rank's in their original order"
@@ -169,12 +177,14 @@ def deal_items(items: list[TrainItem], world: int) -> list[list[TrainItem]]:
     load, owner = [0] * world, [0] * len(items)
     for i in sorted(range(len(items)), key=lambda i: -cost[i]):  # stable: equal costs keep their order
         r = min(range(world), key=lambda r: (load[r], r))
-        owner[i] = r; load[r] += cost[i]
+        owner[i] = r
+        load[r] += cost[i]
     return [[it for it, o in zip(items, owner) if o == r] for r in range(world)]
 
 # %% ../nbs/03e_distributed.ipynb #3b67741c
 def full_state_dict(dist: Dist, model) -> dict:
-    "The trained model's whole state dict on every process: gathered from the shards under FSDP2 (a collective)"
+    ("The trained model's whole state dict on every process: gathered from the shards under FSDP2 (a "
+     "collective)")
     if dist.kind != "fsdp": return bare(model).state_dict()
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
@@ -196,7 +206,8 @@ def load_optimizer_state(model, opt, state: dict, fmt: str = "torch"):
 
 # %% ../nbs/03e_distributed.ipynb #19484128
 def reduce_metrics(dist: Dist, row: dict, summed: set | tuple = ()) -> dict:
-    "`row`'s numbers over ranks: keys in `summed` summed, others averaged over the ranks where they are not None"
+    ("`row`'s numbers over ranks: keys in `summed` summed, others averaged over the ranks where they are "
+     "not None")
     if dist.world == 1: return dict(row)
     keys = sorted(k for k, v in row.items() if isinstance(v, (int, float)) or v is None)
     vals = dist.sum([x for k in keys for x in ((row[k] or 0.0), row[k] is not None)])

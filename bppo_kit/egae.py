@@ -33,14 +33,16 @@ def egae(rewards: torch.Tensor, # [B, T] per-token rewards (0 on masked position
          finished: torch.Tensor, # [B] bool: the response is complete (V after it is 0)
          gamma: float = 1.0, # discount
          lam: float | torch.Tensor = 0.95) -> tuple[torch.Tensor, torch.Tensor]: # GAE λ: float or [B]
-    "Extended GAE: (advantages, returns) [B, T], unfinished rows bootstrapped with `V(s_l) = V(s_{l-1})`; 0 if masked"
+    ("Extended GAE: (advantages, returns) [B, T], unfinished rows bootstrapped with `V(s_l) = V(s_{l-1})`; 0 "
+     "if masked")
     if rewards.dim() != 2 or rewards.shape != values.shape or rewards.shape != mask.shape:
         raise ValueError(f"rewards, values and mask must all be [B, T], got {tuple(rewards.shape)}, "
                          f"{tuple(values.shape)}, {tuple(mask.shape)}")
     B, T = rewards.shape
     if finished.shape != (B,): raise ValueError(f"finished must be [B={B}], got {tuple(finished.shape)}")
     m = mask.bool()
-    if (m[:, 1:] & ~m[:, :-1]).any(): raise ValueError("mask must be left-aligned: no real token after a masked one")
+    if (m[:, 1:] & ~m[:, :-1]).any():
+        raise ValueError("mask must be left-aligned: no real token after a masked one")
     dt = torch.promote_types(torch.promote_types(rewards.dtype, values.dtype), torch.get_default_dtype())
     r = torch.where(m, rewards.to(dt), 0.)
     v = torch.where(m, values.detach().to(dt), 0.)
@@ -49,7 +51,8 @@ def egae(rewards: torch.Tensor, # [B, T] per-token rewards (0 on masked position
     boot = torch.where(finished.bool()[:, None], 0., v)  # after the last token: 0 if finished, else V at it
     delta = torch.where(m, r + gamma * torch.where(nxt_real, v_shift, boot) - v, 0.)
     lam = torch.as_tensor(lam, dtype=dt, device=v.device)
-    if lam.shape not in ((), (B,)): raise ValueError(f"lam must be a float or [B={B}], got shape {tuple(lam.shape)}")
+    if lam.shape not in ((), (B,)):
+        raise ValueError(f"lam must be a float or [B={B}], got shape {tuple(lam.shape)}")
     gl = gamma * lam.expand(B)
     run, cols = v.new_zeros(B), []
     for t in range(T - 1, -1, -1):  # delta is 0 past a row's end, so the running sum starts at 0 there
@@ -62,7 +65,8 @@ def egae(rewards: torch.Tensor, # [B, T] per-token rewards (0 on masked position
 def mc_returns(rewards: torch.Tensor, # [B, T] per-token rewards
                mask: torch.Tensor, # [B, T] bool, real tokens, left-aligned
                gamma: float = 1.0) -> torch.Tensor:
-    "Discounted reward-to-go [B, T] to the end of each row (a finished response's value target); 0 where masked"
+    ("Discounted reward-to-go [B, T] to the end of each row (a finished response's value target); 0 "
+     "where masked")
     m = mask.bool()
     r = torch.where(m, rewards.to(torch.promote_types(rewards.dtype, torch.get_default_dtype())), 0.)
     run, cols = r.new_zeros(r.shape[0]), []
@@ -87,16 +91,19 @@ def value_loss(values: torch.Tensor, # [B, T] current value predictions (with gr
                mask: torch.Tensor, # [B, T] bool, tokens that train the value model
                clip_low: float = 0.5, # the prediction may fall this far below old_values
                clip_high: float = 0.6) -> torch.Tensor: # and rise this far above
-    "Scalar clipped value loss: token mean over `mask` of 0.5·max((V−R)², (clip(V, V_old−low, V_old+high)−R)²)"
+    ("Scalar clipped value loss: token mean over `mask` of 0.5·max((V−R)², (clip(V, V_old−low, "
+     "V_old+high)−R)²)")
     old = old_values.detach()
     vc = torch.maximum(torch.minimum(values, old + clip_high), old - clip_low)
     return masked_mean(0.5 * torch.maximum((values - returns) ** 2, (vc - returns) ** 2), mask.bool())
 
 # %% ../nbs/08_egae.ipynb #8fad0dc6
-def dual_clip_surrogate(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, # [B, T] each (adv broadcastable)
+def dual_clip_surrogate(logp: torch.Tensor, old_logp: torch.Tensor, # [B, T] each
+                        adv: torch.Tensor, # [B, T], or broadcastable to it
                         eps_low: float = 0.2, eps_high: float = 0.28,
                         c: float = 10.0) -> tuple[torch.Tensor, torch.Tensor]: # the dual-clip cap, > 1
-    "Per-token dual-clip PPO loss [B, T] (capped at -`c`·A where A < 0), bool [B, T] of tokens with clipped gradients"
+    ("Per-token dual-clip PPO loss [B, T] (capped at -`c`·A where A < 0), bool [B, T] of tokens with clipped "
+     "gradients")
     if c <= 1: raise ValueError(f"the dual-clip constant c must be > 1, got {c}")
     loss, clipped = clipped_surrogate(logp, old_logp, adv, eps_low, eps_high)
     cap = -c * adv
@@ -107,7 +114,8 @@ def dual_clip_surrogate(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.T
 def tppo_token_mask(mask: torch.Tensor, # [B, T] bool, real tokens, left-aligned
                     finished: torch.Tensor, # [B] bool
                     exclude_last: int = 8) -> torch.Tensor: # tokens dropped at the end of unfinished rows
-    "Bool [B, T] of tokens with policy loss: all real ones of finished rows, all but the last `exclude_last` of others"
+    ("Bool [B, T] of tokens with policy loss: all real ones of finished rows, all but the last "
+     "`exclude_last` of others")
     m = mask.bool()
     keep_to = m.sum(1) - exclude_last  # unfinished rows keep positions < length - exclude_last
     pos = torch.arange(m.shape[1], device=m.device)[None]

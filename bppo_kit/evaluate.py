@@ -25,12 +25,14 @@ def _m(xs): return round(mean(xs), 4) if xs else None
 
 def grade(examples: list[Example], completions: list[Completion]):
     "The verifier's `Score` of each completion against its own example's gold answer"
-    return [score(c.text, examples[c.prompt_index].answer, examples[c.prompt_index].task) for c in completions]
+    return [score(c.text, examples[c.prompt_index].answer, examples[c.prompt_index].task)
+            for c in completions]
 
 def summarize(examples: list[Example], # the graded prompts
               completions: list[Completion], # `samples` per prompt, grouped by prompt
               samples: int, eos_id: int | None = None,
-              task: Task | None = None) -> dict: # grades them (None: the verifier); reward functions: `reward_mean`
+              # grades them (None: the verifier); reward functions: `reward_mean`
+              task: Task | None = None) -> dict:
     "Accuracy, mixed-group fraction, lengths (and style splits for synthetic examples) of graded completions"
     if len(completions) != len(examples) * samples:
         raise ValueError(f"expected {len(examples) * samples} completions, got {len(completions)}")
@@ -39,11 +41,13 @@ def summarize(examples: list[Example], # the graded prompts
     groups = [ok[i:i + samples] for i in range(0, len(ok), samples)]
     r = dict(accuracy=_m(ok), mixed_group_fraction=_m([0 < sum(g) < samples for g in groups]),
              mean_response_tokens=_m(n), mean_correct_tokens=_m([x for x, o in zip(n, ok) if o]),
-             mean_incorrect_tokens=_m([x for x, o in zip(n, ok) if not o]), n_prompts=len(examples), samples=samples)
+             mean_incorrect_tokens=_m([x for x, o in zip(n, ok) if not o]),
+             n_prompts=len(examples), samples=samples)
     if task is not None and task.reward_funcs: r["reward_mean"] = _m(rw)
     if examples and all(e.task == "synthetic" for e in examples):
         st = [style_of(c.text) for c in completions]
-        r["accuracy_by_style"] = {s: _m([o for o, t in zip(ok, st) if t == s]) for s in ("concise", "verbose")}
+        r["accuracy_by_style"] = {s: _m([o for o, t in zip(ok, st) if t == s])
+                                  for s in ("concise", "verbose")}
         r["tokens_by_style"] = {s: _m([x for x, t in zip(n, st) if t == s]) for s in ("concise", "verbose")}
         r["style_fraction"] = {s: _m([t == s for t in st]) for s in ("concise", "verbose")}
     return r
@@ -65,10 +69,13 @@ def evaluate(model, tok, examples: list[Example], # the eval prompts
     prompts = [prompt_ids(tok, e, data) for e in examples]
     cs = eng.generate(prompts, samples, sp)
     r = summarize(examples, cs, samples, tok.eos_token_id, task)
-    if 0 < subset < len(examples):  # what a cheap evaluation on the first `subset` prompts would have measured
-        r["subset_accuracy"] = summarize(examples[:subset], cs[:subset * samples], samples, task=task)["accuracy"]
+    # what a cheap evaluation on the first `subset` prompts would have measured
+    if 0 < subset < len(examples):
+        r["subset_accuracy"] = summarize(examples[:subset], cs[:subset * samples],
+                                         samples, task=task)["accuracy"]
     if greedy:
-        gs = eng.generate(prompts, 1, SamplingParams(temperature=0, max_new_tokens=sp.max_new_tokens, logprobs=False))
+        gs = eng.generate(prompts, 1,
+                          SamplingParams(temperature=0, max_new_tokens=sp.max_new_tokens, logprobs=False))
         r["greedy_accuracy"] = _m((task or Task()).grade(examples, gs)[1])
         r["greedy_mean_response_tokens"] = _m([response_tokens(c, tok.eos_token_id) for c in gs])
     r["seconds"] = round(time.time() - t0, 2)
@@ -78,6 +85,7 @@ def evaluate(model, tok, examples: list[Example], # the eval prompts
 def eval_examples(cfg: Config) -> list[Example]:
     "The eval examples of `cfg.data`"
     d = cfg.data
-    if d.task == "synthetic": ex = synthetic_eval(d)  # the shipped set, the tail variant's, or `data.eval_path`'s
+    # the shipped set, the tail variant's, or `data.eval_path`'s
+    if d.task == "synthetic": ex = synthetic_eval(d)
     else: ex = load_task(d.task, "test", d.eval_path or None)
     return ex[:d.eval_size] if d.eval_size else ex

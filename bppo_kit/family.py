@@ -22,7 +22,8 @@ def subset_items(r: Rollout, # a scored rollout of B groups of G
     items = []
     for c, kept, a in zip(r.completions, keep.flatten().tolist(), adv.flatten().tolist()):
         if kept and a != 0.0:
-            items.append(TrainItem(c.prompt_ids, c.completion_ids, a, c.n_tokens, sample_logprobs=c.logprobs or None))
+            items.append(TrainItem(c.prompt_ids, c.completion_ids, a, c.n_tokens,
+                                   sample_logprobs=c.logprobs or None))
     m = dict(frac_zero_std_groups=zero_signal_frac(r.rewards), selected_sequences=len(items),
              kept_completions=int(keep.sum()), kept_tokens=sum(it.n_train for it in items))
     return items, m
@@ -41,7 +42,8 @@ def cppo_keep(adv: torch.Tensor, # [B, G] advantages over the full groups
 # %% ../nbs/07b_family.ipynb #411e1ffd
 def max_variance_subset(rewards: torch.Tensor, # [B, G]
                         m: int) -> torch.Tensor: # completions kept per group
-    "Per group, the `m` completions whose rewards have the largest variance: the i highest and m − i lowest, best i"
+    ("Per group, the `m` completions whose rewards have the largest variance: the i highest and m − i "
+     "lowest, best i")
     B, G = rewards.shape
     if not 1 <= m <= G: raise ValueError(f"m must be in [1, {G}] (the group size), got {m}")
     out = torch.zeros(B, G, dtype=torch.bool)
@@ -58,7 +60,8 @@ GFPO_RULES = ("shortest", "efficiency")
 def gfpo_keep(rewards: torch.Tensor, lengths: torch.Tensor, # [B, G] each
               k: int, # completions kept per group
               rule: str = "shortest") -> torch.Tensor: # one of `GFPO_RULES`
-    "Per group, the `k` shortest completions, or the `k` of most reward per token (ties: shorter, then lower index)"
+    ("Per group, the `k` shortest completions, or the `k` of most reward per token (ties: shorter, then "
+     "lower index)")
     B, G = rewards.shape
     if not 1 <= k <= G: raise ValueError(f"k must be in [1, {G}] (the group size), got {k}")
     if rule not in GFPO_RULES: raise ValueError(f"rule must be one of {GFPO_RULES}, got {rule!r}")
@@ -81,7 +84,8 @@ def token_subset(n: int, # the completion's tokens
 def prefix_cut(n: int, # the completion's tokens
                frac: float, # the share of tokens kept, in expectation
                gen: torch.Generator) -> torch.Tensor:
-    "Weights [n]: a random prefix (its share uniform with mean `frac`), each token by 1 / P(it is kept); 0 after"
+    ("Weights [n]: a random prefix (its share uniform with mean `frac`), each token by 1 / P(it is "
+     "kept); 0 after")
     if not 0 < frac <= 1: raise ValueError(f"frac must be in (0, 1], got {frac}")
     if frac == 1: return torch.ones(n)
     lo, hi = (2 * frac - 1, 1.0) if frac >= 0.5 else (0.0, 2 * frac)
@@ -119,7 +123,8 @@ class PODS(SubsetAlgorithm):
 # %% ../nbs/07b_family.ipynb #50731170
 @register("gfpo")
 class GFPO(SubsetAlgorithm):
-    "Per group, the `algo.keep` shortest (or most token-efficient) completions, advantages normalized over them"
+    ("Per group, the `algo.keep` shortest (or most token-efficient) completions, advantages normalized "
+     "over them")
     def prepare(self, r: Rollout, step: int = 0) -> tuple[list[TrainItem], dict]:
         keep = gfpo_keep(r.rewards, r.lengths, self.cfg.algo.keep, self.cfg.algo.gfpo_rule)
         return subset_items(r, keep, masked_group_advantages(r.rewards, keep))
@@ -127,7 +132,8 @@ class GFPO(SubsetAlgorithm):
 # %% ../nbs/07b_family.ipynb #4c487567
 @register("nat")
 class NAT(Algorithm):
-    "Every completion with GRPO's advantage, on a random `algo.token_frac` of its tokens, reweighted by 1 / token_frac"
+    ("Every completion with GRPO's advantage, on a random `algo.token_frac` of its tokens, reweighted by 1 / "
+     "token_frac")
     draw = staticmethod(token_subset)  # which tokens train: uniform random sampling
     def prepare(self, r: Rollout, step: int = 0) -> tuple[list[TrainItem], dict]:
         a = self.cfg.algo

@@ -21,19 +21,22 @@ def cosine_matrix(g: torch.Tensor) -> torch.Tensor:
     return n @ n.T
 
 def label_pair_means(cos: torch.Tensor, correct: torch.Tensor) -> dict:
-    "Mean off-diagonal cosine over correct–correct, incorrect–incorrect and correct–incorrect pairs (None if no pair)"
+    ("Mean off-diagonal cosine over correct–correct, incorrect–incorrect and correct–incorrect pairs (None "
+     "if no pair)")
     c = correct.bool()
     off = ~torch.eye(len(c), dtype=torch.bool)
     def m(mask):
         mask = mask & off
         return cos[mask].mean().item() if mask.any() else None
-    return dict(cc=m(c[:, None] & c[None, :]), ii=m(~c[:, None] & ~c[None, :]), ci=m(c[:, None] & ~c[None, :]))
+    return dict(cc=m(c[:, None] & c[None, :]), ii=m(~c[:, None] & ~c[None, :]),
+                ci=m(c[:, None] & ~c[None, :]))
 
 # %% ../nbs/06_gradsim.ipynb #d9e81427
 def per_completion_grads(model, completions: list, # `Completion`s of one or more groups
                          advantages: torch.Tensor, # [n] one advantage per completion
                          pad_id: int, temperature: float = 1.0,
-                         params: list[str] | None = None) -> torch.Tensor: # name prefixes; None = all parameters
+                         # name prefixes; None = all parameters
+                         params: list[str] | None = None) -> torch.Tensor:
     "Flattened gradients [n, P] of `A_i · mean_t log π(y_t)` for each completion"
     ps = [p for n, p in model.named_parameters()
           if p.requires_grad and (params is None or any(n.startswith(q) for q in params))]
@@ -52,7 +55,8 @@ def per_completion_grads(model, completions: list, # `Completion`s of one or mor
 # %% ../nbs/06_gradsim.ipynb #8dd3c7d1
 def probe(model, tok, examples: list, engine, group_size: int = 8, sampling=None,
           params: list[str] | None = None,
-          data: DataConfig | None = None) -> dict: # how prompts are formatted (`prompt_ids`); None = plain text
+          # how prompts are formatted (`prompt_ids`); None = plain text
+          data: DataConfig | None = None) -> dict:
     "Gradient-similarity statistics of the mixed groups of `examples`"
     cs = engine.generate([prompt_ids(tok, e, data) for e in examples], group_size, sampling)
     ro = score_rollout(examples, cs, group_size, tok.eos_token_id)
@@ -79,7 +83,8 @@ def probe(model, tok, examples: list, engine, group_size: int = 8, sampling=None
 
 def plot_probe(res: dict, # a `probe` result
                out=None) -> Figure: # also save it to this PNG
-    "A heatmap of the first mixed group's cosines and a histogram of cosines by pair type (a Figure; no pyplot)"
+    ("A heatmap of the first mixed group's cosines and a histogram of cosines by pair type (a Figure; "
+     "no pyplot)")
     fig = Figure(figsize=(10, 3.8))
     ax = fig.subplots(1, 2)
     if res["groups"]:
@@ -87,10 +92,12 @@ def plot_probe(res: dict, # a `probe` result
         order = sorted(range(len(g["correct"])), key=lambda j: (not g["correct"][j], g["lengths"][j]))
         m = torch.tensor(g["cos"])[order][:, order]
         im = ax[0].imshow(m, vmin=-1, vmax=1, cmap="RdBu_r")
-        ax[0].set_title("one group: cosines (correct first, by length)", fontsize=9); fig.colorbar(im, ax=ax[0])
+        ax[0].set_title("one group: cosines (correct first, by length)", fontsize=9)
+        fig.colorbar(im, ax=ax[0])
     for k, lab in (("cc", "correct–correct"), ("ii", "incorrect–incorrect"), ("ci", "correct–incorrect")):
         if res["pairs"][k]: ax[1].hist(res["pairs"][k], bins=30, range=(-1, 1), alpha=0.5, label=lab)
-    ax[1].legend(fontsize=8); ax[1].set_title(f"gradient cosines, {res['n_groups']} mixed groups", fontsize=9)
+    ax[1].legend(fontsize=8)
+    ax[1].set_title(f"gradient cosines, {res['n_groups']} mixed groups", fontsize=9)
     fig.tight_layout()
     if out is not None: fig.savefig(out, dpi=80)
     return fig

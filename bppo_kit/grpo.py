@@ -13,15 +13,19 @@ __all__ = ['TRL_DEFAULTS', 'group_advantages', 'zero_signal_frac', 'reduce_loss'
 # %% ../nbs/05_grpo.ipynb #13614cb4
 def group_advantages(rewards: torch.Tensor, # [B, G] one reward per completion, groups in rows
                      scale: str = "group", # "group" | "batch" | "none"
-                     eps: float = 1e-6, # added to the std; a group whose std is at most `eps` gets advantage 0
-                     *, std: str = "population") -> torch.Tensor: # "population" (divide by n) | "bessel" (n - 1)
+                     # added to the std; a group whose std is at most `eps` gets advantage 0
+                     eps: float = 1e-6,
+                     # "population" (divide by n) | "bessel" (n - 1)
+                     *, std: str = "population") -> torch.Tensor:
     "Advantages [B, G]: rewards centred per group, scaled by the group's std, the batch's, or not at all"
     if rewards.dim() != 2: raise ValueError(f"rewards must be [B, G], got shape {tuple(rewards.shape)}")
-    if std not in ("population", "bessel"): raise ValueError(f"std must be 'population' or 'bessel', got {std!r}")
+    if std not in ("population", "bessel"):
+        raise ValueError(f"std must be 'population' or 'bessel', got {std!r}")
     r = rewards.float()
     # Bessel's n - 1 needs two values: a single one has std 0 (as TRL's)
     sd = r.std(1, keepdim=True, correction=int(std == "bessel" and r.shape[1] > 1))
-    a = (r - r.mean(1, keepdim=True)) * (sd > eps)  # a group of (nearly) equal rewards carries no signal: exactly 0
+    # a group of (nearly) equal rewards carries no signal: exactly 0
+    a = (r - r.mean(1, keepdim=True)) * (sd > eps)
     if scale == "group": return a / (sd + eps)
     if scale == "batch": return a / (r.std(correction=int(std == "bessel" and r.numel() > 1)) + eps)
     if scale == "none": return a
@@ -29,7 +33,8 @@ def group_advantages(rewards: torch.Tensor, # [B, G] one reward per completion, 
 
 # %% ../nbs/05_grpo.ipynb #d9d5aaba
 def zero_signal_frac(rewards: torch.Tensor, eps: float = 1e-6, *, std: str = "population") -> float:
-    "Share of groups [B, G] whose rewards are (nearly) all equal, so their advantages are 0 (`group_advantages`' rule)"
+    ("Share of groups [B, G] whose rewards are (nearly) all equal, so their advantages are 0 "
+     "(`group_advantages`' rule)")
     G = rewards.shape[1]
     return (rewards.float().std(1, correction=int(std == "bessel" and G > 1)) <= eps).float().mean().item()
 
@@ -52,7 +57,8 @@ def token_weights(mask: torch.Tensor, # [B, T] trained tokens of (a micro-batch 
                   n_seqs: int, # sequences in the whole batch (with at least one trained token, for "seq")
                   n_tokens: int, # trained tokens in the whole batch
                   max_len: int) -> torch.Tensor: # the constant of "constant"
-    "Per-token weights [B, T] such that Σ weights·loss over all micro-batches is the named reduction of the batch"
+    ("Per-token weights [B, T] such that Σ weights·loss over all micro-batches is the named reduction of "
+     "the batch")
     m = mask.float()
     if reduction == "token": return m / max(n_tokens, 1)
     if reduction == "seq": return m / m.sum(1, keepdim=True).clamp(min=1) / max(n_seqs, 1)
@@ -60,7 +66,7 @@ def token_weights(mask: torch.Tensor, # [B, T] trained tokens of (a micro-batch 
     raise ValueError(f"reduction must be 'token', 'seq' or 'constant', got {reduction!r}")
 
 # %% ../nbs/05_grpo.ipynb #cc72e80b
-def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, # [N, T] current and sampling log-probs of completion tokens
+def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, # [N, T] current and sampling completion log-probs
               adv: torch.Tensor, # [N] one advantage per sequence
               mask: torch.Tensor, # [N, T] completion tokens that are trained
               eps_low: float = 0.2, eps_high: float = 0.28, reduction: str = "token",

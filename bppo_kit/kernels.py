@@ -35,7 +35,8 @@ def naive_prefix_loss(hidden: torch.Tensor, # [N, H] final hidden states
                       eps_low: float = 0.2, eps_high: float = 0.28, *,
                       ref_logp: torch.Tensor | None = None, # [N] reference log-probs for the k3 KL
                       beta: float = 0.0) -> torch.Tensor:
-    "Token-mean clipped surrogate (+ `beta`·k3 KL) over `mask`, from full logits: the reference every path must match"
+    ("Token-mean clipped surrogate (+ `beta`·k3 KL) over `mask`, from full logits: the reference every path "
+     "must match")
     logp = naive_logp(hidden, weight, targets)
     tok, _ = clipped_surrogate(logp, old_logp, advantages, eps_low, eps_high)
     if ref_logp is not None and beta: tok = tok + beta * k3_kl(logp, ref_logp)
@@ -87,7 +88,8 @@ def logits_grad_tile(h: torch.Tensor, # [M, H] hidden states (in the compute dty
 # %% ../nbs/10_kernels.ipynb #cd81b417
 @contextmanager
 def tf32_matmuls(allow: bool = True): # False: change nothing
-    "Within the block CUDA float32 matmuls may use TF32 tensor cores; the setting from before is restored after"
+    ("Within the block CUDA float32 matmuls may use TF32 tensor cores; the setting from before is "
+     "restored after")
     mm = torch.backends.cuda.matmul
     new_api = hasattr(mm, "fp32_precision")  # torch >= 2.9; an older torch has only the `allow_tf32` switch
     prev = mm.fp32_precision if new_api else mm.allow_tf32
@@ -100,14 +102,16 @@ def tf32_matmuls(allow: bool = True): # False: change nothing
             if new_api: mm.fp32_precision = prev
 
 def _tf32_for(h: torch.Tensor):
-    "`tf32_matmuls` for the float32 matmuls of inputs `h`: on CUDA when `h` is narrower than float32 (exact in TF32)"
+    ("`tf32_matmuls` for the float32 matmuls of inputs `h`: on CUDA when `h` is narrower than float32 (exact "
+     "in TF32)")
     return tf32_matmuls(h.is_cuda and h.element_size() < 4)
 
 # %% ../nbs/10_kernels.ipynb #ebb90628
 class ChunkedPrefixLoss(torch.autograd.Function):
     "Per-token prefix loss of compacted tokens in (token × vocabulary) chunks; backward recomputes each tile"
     @staticmethod
-    def forward(ctx, h, w, targets, old_logp, adv, ref_logp, eps_low, eps_high, beta, block_n=512, block_v=8192):
+    def forward(ctx, h, w, targets, old_logp, adv, ref_logp, eps_low, eps_high, beta,
+                block_n=512, block_v=8192):
         dt = _acc_dtype(h.dtype)
         lse = torch.empty(h.shape[0], dtype=dt, device=h.device)
         zt = torch.empty_like(lse)
@@ -159,9 +163,10 @@ def _lse_partial_kernel(Hp, Wp, Part, M, V, D, tiles, n_split,
         z = tl.zeros([BLOCK_M, BLOCK_V], tl.float32)
         for d0 in range(0, D, BLOCK_D):
             ds = d0 + tl.arange(0, BLOCK_D)
-            a = tl.load(Hp + rows[:, None] * D + ds[None, :], mask=rmask[:, None] & (ds < D)[None, :], other=0.0)
-            b = tl.load(Wp + cols.to(tl.int64)[:, None] * D + ds[None, :], mask=cmask[:, None] & (ds < D)[None, :],
+            a = tl.load(Hp + rows[:, None] * D + ds[None, :], mask=rmask[:, None] & (ds < D)[None, :],
                         other=0.0)
+            b = tl.load(Wp + cols.to(tl.int64)[:, None] * D + ds[None, :],
+                        mask=cmask[:, None] & (ds < D)[None, :], other=0.0)
             if F32_DOT:
                 a = a.to(tl.float32)
                 b = b.to(tl.float32)
@@ -177,14 +182,16 @@ def _lse_partial_kernel(Hp, Wp, Part, M, V, D, tiles, n_split,
 def _token_kernel(Part, n_split, Hp, Wp, T, Old, Adv, Ref, Lse, Logp, Ratio, Loss, Dlogp, Clip,
                   M, D, eps_low, eps_high, beta,
                   HAS_REF: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
-    "Triton: combine partial log-sum-exps, then log-prob, ratio, clipped surrogate and its derivative per token"
+    ("Triton: combine partial log-sum-exps, then log-prob, ratio, clipped surrogate and its derivative "
+     "per token")
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rmask = rows < M
     sp = tl.arange(0, BLOCK_S)
-    part = tl.load(Part + rows[:, None] * n_split + sp[None, :], mask=rmask[:, None] & (sp < n_split)[None, :],
-                   other=float("-inf"))
+    part = tl.load(Part + rows[:, None] * n_split + sp[None, :],
+                   mask=rmask[:, None] & (sp < n_split)[None, :], other=float("-inf"))
     mx = tl.where(rmask, tl.max(part, 1), 0.0)
-    lse = mx + tl.log(tl.where(rmask, tl.sum(tl.exp(part - mx[:, None]), 1), 1.0))  # rows past M: log 1, not log 0
+    # rows past M: log 1, not log 0
+    lse = mx + tl.log(tl.where(rmask, tl.sum(tl.exp(part - mx[:, None]), 1), 1.0))
     t = tl.load(T + rows, mask=rmask, other=0)
     zt = tl.zeros([BLOCK_M], tl.float32)
     for d0 in range(0, D, BLOCK_D):
@@ -214,8 +221,8 @@ def _token_kernel(Part, n_split, Hp, Wp, T, Old, Adv, Ref, Lse, Logp, Ratio, Los
 
 # %% ../nbs/10_kernels.ipynb #94d568f9
 def _grad_tile_kernel(Hp, Wp, T, Lse, G, dH, dW, M, V, D,
-                      BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr, GROUP_M: tl.constexpr,
-                      F32_DOT: tl.constexpr, LOW_DZ: tl.constexpr, PREC: tl.constexpr):
+                      BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr,
+                      GROUP_M: tl.constexpr, F32_DOT: tl.constexpr, LOW_DZ: tl.constexpr, PREC: tl.constexpr):
     "Triton: recompute one logits tile, form dL/dlogits, and atomically add its share of dH and dW"
     pid = tl.program_id(0)
     n_m, n_v = tl.cdiv(M, BLOCK_M), tl.cdiv(V, BLOCK_V)
@@ -290,7 +297,8 @@ def _blocks(h: torch.Tensor, block_n: int | None, block_v: int | None):
     gpu = h.is_cuda and not interpreting()
     bm, bv = block_n or (64 if gpu else 32), block_v or (128 if gpu else 64)
     if _pow2(bm) != bm or _pow2(bv) != bv or (gpu and min(bm, bv) < 16):
-        raise ValueError(f"Triton blocks must be powers of two (>= 16 on GPU), got block_n={bm}, block_v={bv}")
+        raise ValueError(f"Triton blocks must be powers of two (>= 16 on GPU), got block_n={bm}, "
+                         f"block_v={bv}")
     bd = (32 if h.dtype == torch.float32 else 64) if gpu else min(128, max(16, _pow2(h.shape[1])))
     return bm, bv, bd, gpu
 
@@ -315,10 +323,11 @@ def triton_forward(h, w, targets, old_logp, adv, ref_logp=None, eps_low=0.2, eps
     clip = torch.empty(M, dtype=torch.int8, device=h.device)
     vec = lambda x: x.to(torch.float32).contiguous()
     ref = vec(ref_logp) if ref_logp is not None else out["lse"]  # a dummy pointer when there is no reference
-    k["token"][(n_m,)](part, split, h, w, targets.contiguous(), vec(old_logp), vec(adv), ref, out["lse"], out["logp"],
-                       out["ratio"], out["loss"], out["dlogp"], clip, M, D,
+    k["token"][(n_m,)](part, split, h, w, targets.contiguous(), vec(old_logp), vec(adv), ref, out["lse"],
+                       out["logp"], out["ratio"], out["loss"], out["dlogp"], clip, M, D,
                        float(eps_low), float(eps_high), float(beta),
-                       HAS_REF=ref_logp is not None and beta != 0, BLOCK_M=bm, BLOCK_S=max(2, _pow2(split)), BLOCK_D=bd)
+                       HAS_REF=ref_logp is not None and beta != 0, BLOCK_M=bm,
+                       BLOCK_S=max(2, _pow2(split)), BLOCK_D=bd)
     return out | {"clipped": clip.bool()}
 
 def triton_backward(h, w, targets, lse, g, block_n=None, block_v=None, group_m: int = 8):
@@ -331,8 +340,8 @@ def triton_backward(h, w, targets, lse, g, block_n=None, block_v=None, group_m: 
     dw = torch.zeros(V, D, dtype=torch.float32, device=h.device)
     if M:
         grid = (-(-M // bm) * -(-V // bv),)
-        k["grad"][grid](h, w, targets.contiguous(), lse.float().contiguous(), g.float().contiguous(), dh, dw, M, V, D,
-                        BLOCK_M=bm, BLOCK_V=bv, BLOCK_D=bd, GROUP_M=group_m, F32_DOT=not gpu,
+        k["grad"][grid](h, w, targets.contiguous(), lse.float().contiguous(), g.float().contiguous(), dh, dw,
+                        M, V, D, BLOCK_M=bm, BLOCK_V=bv, BLOCK_D=bd, GROUP_M=group_m, F32_DOT=not gpu,
                         LOW_DZ=h.dtype != torch.float32, PREC="ieee" if h.dtype == torch.float32 else "tf32",
                         **(dict(num_warps=8) if gpu else {}))
     return dh, dw
@@ -341,14 +350,16 @@ def triton_backward(h, w, targets, lse, g, block_n=None, block_v=None, group_m: 
 class TritonPrefixLoss(torch.autograd.Function):
     "Per-token prefix loss of compacted tokens by the Triton kernels (GPU, or CPU under `TRITON_INTERPRET=1`)"
     @staticmethod
-    def forward(ctx, h, w, targets, old_logp, adv, ref_logp, eps_low, eps_high, beta, block_n=None, block_v=None):
+    def forward(ctx, h, w, targets, old_logp, adv, ref_logp, eps_low, eps_high, beta,
+                block_n=None, block_v=None):
         if h.shape[0] == 0:
             # distinct tensors: only `loss` has a gradient
             out = {n: torch.zeros(0, dtype=torch.float32, device=h.device)
                    for n in ("lse", "logp", "ratio", "loss", "dlogp")}
             out["clipped"] = torch.zeros(0, dtype=torch.bool, device=h.device)
         else:
-            out = triton_forward(h, w, targets, old_logp, adv, ref_logp, eps_low, eps_high, beta, block_n, block_v)
+            out = triton_forward(h, w, targets, old_logp, adv, ref_logp, eps_low,
+                                 eps_high, beta, block_n, block_v)
         ctx.save_for_backward(h, w, targets, out["lse"], out["dlogp"])
         ctx.blocks = (block_n, block_v)
         ctx.mark_non_differentiable(out["logp"], out["ratio"], out["clipped"])
@@ -369,7 +380,8 @@ IMPLS = ("auto", "triton", "chunked", "naive")
 def pick_impl(x: torch.Tensor, impl: str = "auto") -> str:
     "The path `prefix_policy_loss` runs for hidden states `x`"
     if impl not in IMPLS: raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
-    if impl == "triton" and not triton_available(): raise ImportError("impl='triton' needs triton (pip install triton)")
+    if impl == "triton" and not triton_available():
+        raise ImportError("impl='triton' needs triton (pip install triton)")
     if impl == "triton" and x.dtype not in TRITON_DTYPES:
         raise ValueError(f"the Triton kernels take {TRITON_DTYPES}, not {x.dtype}")
     if impl != "auto": return impl
@@ -387,16 +399,17 @@ def prefix_policy_loss(hidden: torch.Tensor, # [N, H] final hidden states (after
                        beta: float = 0.0, # KL weight
                        impl: str = "auto", # "auto" | "triton" | "chunked" | "naive"
                        return_stats: bool = False, # also return per-token metrics
-                       block_n: int | None = None, block_v: int | None = None): # tokens, vocabulary rows per tile
+                       # tokens, vocabulary rows per tile
+                       block_n: int | None = None, block_v: int | None = None):
     "Token-mean clipped-surrogate loss over `mask` without materializing [N, V] logits (and stats if asked)"
     # the trainer calls it under autocast, which would run the float32 accumulations below as bf16 matmuls: the
     # inputs already come in the compute dtype, and what follows chooses its own precision
     with torch.autocast(hidden.device.type, enabled=False):
-        return _prefix_policy_loss(hidden, weight, targets, old_logp, advantages, mask, eps_low, eps_high, ref_logp,
-                                   beta, impl, return_stats, block_n, block_v)
+        return _prefix_policy_loss(hidden, weight, targets, old_logp, advantages, mask, eps_low, eps_high,
+                                   ref_logp, beta, impl, return_stats, block_n, block_v)
 
-def _prefix_policy_loss(hidden, weight, targets, old_logp, advantages, mask, eps_low, eps_high, ref_logp, beta, impl,
-                        return_stats, block_n, block_v):
+def _prefix_policy_loss(hidden, weight, targets, old_logp, advantages, mask, eps_low, eps_high, ref_logp,
+                        beta, impl, return_stats, block_n, block_v):
     "`prefix_policy_loss` outside autocast"
     impl = pick_impl(hidden, impl)
     mask = mask.reshape(-1).bool()
@@ -419,7 +432,8 @@ def _prefix_policy_loss(hidden, weight, targets, old_logp, advantages, mask, eps
                                              eps_low, eps_high, float(beta), *blocks)
         loss = tok.sum() / max(idx.numel(), 1)
         if not return_stats: return loss
-    full = lambda x: torch.zeros(mask.shape[0], dtype=x.dtype, device=x.device).index_copy_(0, idx, x.detach())
+    full = lambda x: (torch.zeros(mask.shape[0], dtype=x.dtype, device=x.device)
+                      .index_copy_(0, idx, x.detach()))
     stats = dict(logp=full(logp), ratio=full(ratio), clipped=full(clipped),
                  clip_frac=clipped.float().sum().item() / max(idx.numel(), 1))
     if use_ref: stats["kl"] = full(k3_kl(logp.detach(), ref_logp[idx].to(logp.dtype)))
@@ -430,7 +444,8 @@ def reference_errors(impl: str = "chunked", N: int = 37, H: int = 24, V: int = 1
                      masked: float = 0.5, # fraction of masked tokens (1.0: all masked)
                      seed: int = 0, dtype: torch.dtype = torch.float32, device: str = "cpu",
                      beta: float = 0.0, **kw) -> dict:
-    "Relative errors of `prefix_policy_loss(impl=impl)` against `naive_prefix_loss` in float64 on random inputs"
+    ("Relative errors of `prefix_policy_loss(impl=impl)` against `naive_prefix_loss` in float64 on "
+     "random inputs")
     g = torch.Generator().manual_seed(seed)
     h = torch.randn(N, H, generator=g).to(dtype)
     w = (torch.randn(V, H, generator=g) * 2 / H ** 0.5).to(dtype)
@@ -454,7 +469,8 @@ def reference_errors(impl: str = "chunked", N: int = 37, H: int = 24, V: int = 1
 
 # %% ../nbs/10_kernels.ipynb #e03035bd
 def run_interpreted(code: str, timeout: float = 300) -> dict:
-    "Run `code` in a fresh Python with `TRITON_INTERPRET=1`; it must print one JSON object last, which is returned"
+    ("Run `code` in a fresh Python with `TRITON_INTERPRET=1`; it must print one JSON object last, which is "
+     "returned")
     env = os.environ | {"TRITON_INTERPRET": "1"}
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=timeout)
     if r.returncode: raise RuntimeError(f"interpreted run failed:\n{r.stderr[-3000:]}")

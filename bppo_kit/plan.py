@@ -32,7 +32,8 @@ KNOWN_SHAPES = {"Qwen/Qwen2.5-0.5B": ("0.5b", {}), "Qwen/Qwen2.5-0.5B-Instruct":
                 "Qwen/Qwen2.5-Math-1.5B": ("1.5b", _MATH), "Qwen/Qwen2.5-Math-1.5B-Instruct": ("1.5b", _MATH)}
 
 def model_config(name_or_path: str): # a hub id, a local checkpoint folder (a LoRA adapter's too), or "tiny"
-    "The transformers config of `model.name_or_path`: a known hub id's shape, else `AutoConfig` (a folder, a cached id)"
+    ("The transformers config of `model.name_or_path`: a known hub id's shape, else `AutoConfig` (a folder, "
+     "a cached id)")
     if name_or_path in KNOWN_SHAPES:
         size, extra = KNOWN_SHAPES[name_or_path]
         return qwen2_5_config(size, **extra)
@@ -42,26 +43,35 @@ def model_config(name_or_path: str): # a hub id, a local checkpoint folder (a Lo
         return model_config(json.loads((path / "adapter_config.json").read_text())["base_model_name_or_path"])
     try: return AutoConfig.from_pretrained(str(path), local_files_only=True)
     except (OSError, ValueError):
-        raise ConfigError(f"model.name_or_path: no config for {name_or_path!r} here; give a folder with config.json, "
-                          f"a hub id in the local cache, or one of {', '.join(KNOWN_SHAPES)}") from None
+        raise ConfigError(f"model.name_or_path: no config for {name_or_path!r} here; give a folder with "
+                          "config.json, a hub id in the local cache, or one of "
+                          f"{', '.join(KNOWN_SHAPES)}") from None
 
 # %% ../nbs/10e_plan.ipynb #6aa2a1ea
 @dataclass(frozen=True)
 class Arch:
     "The sizes a run's memory depends on, and exact parameter counts (of a model built on the meta device)"
-    hidden: int; inter: int; layers: int; heads: int; kv_heads: int; head_dim: int; vocab: int
+    hidden: int
+    inter: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
     tied: bool  # the LM head is the embedding matrix
     params: int  # every parameter, tied embeddings once
     layer_params: int  # one decoder layer's
     matmul: int  # the weights autocast copies to the compute dtype: the linear layers' and the LM head's
     layer_matmul: int  # ... of one decoder layer
-    largest: int  # the largest trained parameter's elements (the CPU optimizer step makes temporaries of its size)
+    # the largest trained parameter's elements (the CPU optimizer step makes temporaries of its size)
+    largest: int
     trainable: int  # what AdamW trains: every parameter, or the LoRA adapters
     layer_trainable: int
     lora_r: int = 0
 
 def _lora_targets(model, target: str) -> list:
-    "The linear layers peft gives adapters: every one but the LM head (all-linear), or those named in `target`"
+    ("The linear layers peft gives adapters: every one but the LM head (all-linear), or those named in "
+     "`target`")
     names = None if target == "all-linear" else {t.strip() for t in target.split(",") if t.strip()}
     head = model.get_output_embeddings()
     return [m for n, m in model.named_modules()
@@ -69,7 +79,8 @@ def _lora_targets(model, target: str) -> list:
 
 def arch_of(hf_config, # a transformers config of a decoder-only LM
             lora_r: int = 0, lora_target: str = "all-linear") -> Arch: # `model.lora_r`, `model.lora_target`
-    "The `Arch` of `hf_config`: the model is built on the meta device, so the counts are exact and cost no memory"
+    ("The `Arch` of `hf_config`: the model is built on the meta device, so the counts are exact and cost "
+     "no memory")
     with torch.device("meta"): m = AutoModelForCausalLM.from_config(hf_config)
     n = hf_config.num_hidden_layers
     layer = next(x for x in m.modules() if isinstance(x, nn.ModuleList) and len(x) == n)[0]
@@ -92,7 +103,8 @@ def arch_of(hf_config, # a transformers config of a decoder-only LM
 # %% ../nbs/10e_plan.ipynb #f5e7f444
 def layer_activations(a: Arch, B: int, L: int, # micro-batch: `B` sequences of `L` tokens
                       amp: bool = False, # autocast to a 2-byte compute dtype over float32 weights
-                      masked: bool = True) -> int: # padding: a mask goes to attention (the kit's packed batches)
+                      # padding: a mask goes to attention (the kit's packed batches)
+                      masked: bool = True) -> int:
     "Bytes one decoder layer (HF Qwen2/Llama, SDPA attention) keeps for its backward, its output included"
     H, I, c = a.hidden, a.inter, 2 if amp else 4
     # hs * rsqrt(var) per RMSNorm (float32, for the norm's weight grad; LoRA freezes it); then the linears' input:
@@ -113,7 +125,8 @@ def layer_activations(a: Arch, B: int, L: int, # micro-batch: `B` sequences of `
 # %% ../nbs/10e_plan.ipynb #91aa1bba
 def shared_activations(a: Arch, B: int, L: int, C: int, # micro-batch; `C` completion tokens of the `L`
                        amp: bool = False, kernel: str = "naive") -> tuple[int, int]:
-    "(bytes kept once per micro-batch: embeddings, RoPE, mask, the packed batch; bytes of the final norm, freed first)"
+    ("(bytes kept once per micro-batch: embeddings, RoPE, mask, the packed batch; bytes of the final norm, "
+     "freed first)")
     T, H = B * L, a.hidden
     # the embeddings (float32, the first layer's input), cos and sin, the boolean mask, and the packed batch
     base = T * (4 * H + 2 * 4 * a.head_dim) + B * L * L + T * (3 * 8 + 1) + B * C * (1 + 4 + 4)
@@ -156,7 +169,7 @@ def loss_path(a: Arch, B: int, L: int, C: int, kernel: str = "naive", amp: bool 
     return rows + w + fwd, N * H * c + 2 * N * H * 4 + w + grad + bwd
 
 # %% ../nbs/10e_plan.ipynb #effd9632
-def update_moments(a: Arch, B: int, L: int, C: int, # a micro-batch of `B` sequences: `L` tokens, `C` completion
+def update_moments(a: Arch, B: int, L: int, C: int, # micro-batch: `B` sequences, `L` tokens, `C` completion
                    kernel: str = "naive", ckpt: bool = False, amp: bool = False,
                    micro_batches: int = 1, # in the update; after the first, every gradient is allocated
                    device: str = "cuda", # cuda: AdamW's foreach step; cpu: its per-tensor step
@@ -198,7 +211,8 @@ def _tensors(x):
         for y in x: yield from _tensors(y)
 
 class LiveBytes(TorchDispatchMode):
-    "While active: the bytes of the tensor storages ops allocate that are still alive, and their peak per phase"
+    ("While active: the bytes of the tensor storages ops allocate that are still alive, and their peak "
+     "per phase")
     def __init__(self, keep=()): # tensors that exist before (weights, optimizer state): not counted
         super().__init__()
         self.keep = {id(t.untyped_storage()) for t in keep}
@@ -221,20 +235,24 @@ class LiveBytes(TorchDispatchMode):
         return out
 
 # %% ../nbs/10e_plan.ipynb #1a906819
-def train_items(n: int, prompt_tokens: int, completion_tokens: int, vocab: int, seed: int = 0) -> list[TrainItem]:
-    "`n` random `TrainItem`s; the first has the longest prompt and completion, so a packed batch is [n, P + C]"
+def train_items(n: int, prompt_tokens: int, completion_tokens: int, vocab: int,
+                seed: int = 0) -> list[TrainItem]:
+    ("`n` random `TrainItem`s; the first has the longest prompt and completion, so a packed batch is "
+     "[n, P + C]")
     rng = random.Random(seed)
     def item(i):
         p = prompt_tokens if i == 0 else rng.randint(max(1, prompt_tokens // 2), prompt_tokens)
         c = completion_tokens if i == 0 else rng.randint(max(1, completion_tokens // 2), completion_tokens)
-        return TrainItem([rng.randrange(3, vocab) for _ in range(p)], [rng.randrange(3, vocab) for _ in range(c)],
+        return TrainItem([rng.randrange(3, vocab) for _ in range(p)],
+                         [rng.randrange(3, vocab) for _ in range(c)],
                          advantage=rng.choice([-1.0, 1.0]), n_train=c)
     return [item(i) for i in range(n)]
 
-def measure_update(cfg: Config, # micro-batch, loss kernel, checkpointing, dtype, prompt and completion tokens, LoRA
+def measure_update(cfg: Config, # micro-batch, loss kernel, checkpointing, dtype, prompt/response tokens, LoRA
                    hf_config, # the model's shape: random weights are built from it
                    micro_batches: int = 1, seed: int = 0) -> dict:
-    "Peak bytes over weights and AdamW state of one `update` on CPU, overall and per phase; the state's own bytes"
+    ("Peak bytes over weights and AdamW state of one `update` on CPU, overall and per phase; the state's "
+     "own bytes")
     # the update lesson's `update`, the one the trainer calls (the planner itself needs none of it)
     from bppo_kit.update import update
     torch.manual_seed(seed)
@@ -296,7 +314,8 @@ class Row:
 
 # %% ../nbs/10e_plan.ipynb #a08ad539
 def state_rows(cfg: Config, a: Arch, gpus: int = 1, shard: str = "ddp") -> list[Row]:
-    "What every GPU holds all run long: float32 masters, gradients, AdamW state, the reference, the engine's copy"
+    ("What every GPU holds all run long: float32 masters, gradients, AdamW state, the reference, the "
+     "engine's copy")
     m, c = cfg.model, dtype_bytes(cfg.model.dtype)
     fsdp = shard == "fsdp2" and gpus > 1
     k, each = (gpus, f", a 1/{gpus} shard") if fsdp else (1, "")
@@ -313,7 +332,8 @@ def state_rows(cfg: Config, a: Arch, gpus: int = 1, shard: str = "ddp") -> list[
     # FSDP2 shards: then a whole copy in the compute dtype to gather into (an engine with weights of its own is synced
     # from it)
     own = engine_caps(cfg).own_weights
-    if not own and (c < 4 or m.lora_r): gen, why = c * a.params, f"{m.dtype}, LoRA merged" if m.lora_r else m.dtype
+    if not own and (c < 4 or m.lora_r):
+        gen, why = c * a.params, f"{m.dtype}, LoRA merged" if m.lora_r else m.dtype
     elif fsdp: gen, why = c * a.params, f"FSDP2: a whole {m.dtype} copy to gather into"
     else: gen, why = 0, "the engine holds its own" if own else "the engine decodes the model itself"
     return rows + [Row("generation copy", gen, why)]
@@ -328,14 +348,17 @@ def update_rows(cfg: Config, a: Arch, gpus: int = 1, shard: str = "ddp",
     base, final = shared_activations(a, B, seq, C, amp, kernel)
     mb, acts = f"micro-batch {B} x {seq} tokens", layer_activations(a, B, seq, amp)
     # the most the layers hold at once: checkpointing keeps each layer's input and recomputes one layer at a time
-    rows = [Row("activations, checkpointing", base + final + (a.layers - 1) * B * seq * a.hidden * 4 + acts, mb, ckpt),
+    rows = [Row("activations, checkpointing", base + final + (a.layers - 1) * B * seq * a.hidden * 4 + acts,
+                mb, ckpt),
             Row("activations, no checkpointing", base + final + a.layers * acts, mb, not ckpt)]
-    if amp: rows.append(Row(f"autocast weight copies ({cfg.model.dtype})", 2 * a.matmul, "until the backward"))
+    if amp:
+        rows.append(Row(f"autocast weight copies ({cfg.model.dtype})", 2 * a.matmul, "until the backward"))
     for k in [k for k in ("naive", "chunked", "triton") if device == "cuda" or k != "triton"]:
         why = "full [B, C, V] logits" if k == "naive" else "no [B, C, V] logits"
         rows.append(Row(f"loss path: {k}", max(loss_path(a, B, seq, C, k, amp)), why, k == kernel))
     if fsdp:  # the root's embeddings stay gathered; a layer computes while the next one is gathered
-        rows.append(Row("FSDP2 gathered weights", 4 * (a.vocab * a.hidden + 2 * a.layer_params), "while updating"))
+        rows.append(Row("FSDP2 gathered weights", 4 * (a.vocab * a.hidden + 2 * a.layer_params),
+                        "while updating"))
     moments = update_moments(a, B, seq, C, kernel, ckpt, amp, n, device, gpus if fsdp else 1)
     # the reference's or the old log-probs come first, without grad, while the last step's gradients still live
     if cfg.algo.beta > 0 or cfg.train.mu > 1:
@@ -343,23 +366,27 @@ def update_rows(cfg: Config, a: Arch, gpus: int = 1, shard: str = "ddp",
         moments["log-probs without grad"] = 4 * a.trainable // (gpus if fsdp else 1) + base + nograd
     return rows, moments
 
-def engine_rows(cfg: Config, a: Arch, gpus: int = 1, gpu_bytes: int = 80 * GIB) -> tuple[list[Row], EngineMemory]:
-    "The rows of `rollout.engine` and what it holds (`Engine.memory`: each engine says what it keeps on a GPU)"
+def engine_rows(cfg: Config, a: Arch, gpus: int = 1,
+                gpu_bytes: int = 80 * GIB) -> tuple[list[Row], EngineMemory]:
+    ("The rows of `rollout.engine` and what it holds (`Engine.memory`: each engine says what it keeps "
+     "on a GPU)")
     seq, seqs, _, _ = step_sizes(cfg, gpus)
     per_token = kv_bytes_per_token(a, cfg.model.dtype)
-    m = engine_class(cfg.rollout.engine).memory(cfg, seqs, seq, per_token, dtype_bytes(cfg.model.dtype) * a.params,
-                                                gpu_bytes)
+    m = engine_class(cfg.rollout.engine).memory(cfg, seqs, seq, per_token,
+                                                dtype_bytes(cfg.model.dtype) * a.params, gpu_bytes)
     rows = [Row("KV cache of the step's batch", seqs * seq * per_token, f"{seqs} sequences x {seq} tokens")]
     return rows + [Row(*r) for r in m.rows], m
 
 # %% ../nbs/10e_plan.ipynb #3bdd2a3f
 @dataclass
 class Plan:
-    "What a run needs on each GPU: rows, the peaks of its two phases, whether it fits, and what to change if not"
+    ("What a run needs on each GPU: rows, the peaks of its two phases, whether it fits, and what to "
+     "change if not")
     title: str
     rows: list[Row]
     phases: dict  # "generation", "update": bytes per GPU at the phase's peak
-    moments: dict  # the update's moments: bytes over the state (the forward, each layer's backward, the step, ...)
+    # the update's moments: bytes over the state (the forward, each layer's backward, the step, ...)
+    moments: dict
     gpu_bytes: int
     advice: str = ""  # one line naming the config field to change; "" when the run fits
     state: int = 0  # bytes of the training state (weights, gradients, AdamW, reference, the engine's copy)
@@ -394,13 +421,15 @@ def budget(cfg: Config, a: Arch, gpus: int = 1, gpu_bytes: int = 80 * GIB, shard
     state = state_rows(cfg, a, gpus, shard)
     upd, moments = update_rows(cfg, a, gpus, shard, device)
     eng, m = engine_rows(cfg, a, gpus, gpu_bytes)
-    context = Row("CUDA context, workspaces", int(CONTEXT_GIB * GIB) if device == "cuda" else 0, "not tensors")
+    context = Row("CUDA context, workspaces", int(CONTEXT_GIB * GIB) if device == "cuda" else 0,
+                  "not tensors")
     rows = state + upd + eng + [context]
     grads = next(r.bytes for r in state if r.name.startswith("gradients"))
     # the update frees the gradients, then makes them anew
     kept = sum(r.bytes for r in state) - grads + context.bytes
     gathered = sum(r.bytes for r in upd if r.name.startswith("FSDP2"))
-    phases = dict(generation=kept + grads + m.generating, update=kept + m.updating + gathered + max(moments.values()))
+    phases = dict(generation=kept + grads + m.generating,
+                  update=kept + m.updating + gathered + max(moments.values()))
     return rows, phases, moments, m
 
 # %% ../nbs/10e_plan.ipynb #7f065f88
@@ -413,7 +442,8 @@ def with_values(cfg: Config, values: dict) -> Config:
     return c
 
 def _tries(cfg: Config, phase: str, engine: EngineMemory) -> list[tuple[str, object]]:
-    "Single changes that lower `phase`'s peak without changing the maths, least costly first (`engine`: its knobs)"
+    ("Single changes that lower `phase`'s peak without changing the maths, least costly first (`engine`: "
+     "its knobs)")
     t = cfg.train
     if phase == "generation": return engine.knobs
     out = [("train.loss_kernel", "auto")] if t.loss_kernel == "naive" and cfg.algo.beta == 0 else []
@@ -433,14 +463,16 @@ def advise(cfg: Config, a: Arch, gpus: int = 1, gpu_bytes: int = 80 * GIB, shard
         for key, v in _tries(cfg, phase, eng):
             _, p, _, e = at(with_values(cfg, {key: v}))
             if p[phase] <= gpu_bytes and not e.problem: return f"{key}: {need}; {key}={str(v).lower()} fits"
-        return (f"model.lora_r: {need}, and no single change of the batch, checkpointing, loss path or engine "
-                f"fits; train a LoRA adapter (model.lora_r > 0) or shard over more GPUs (--shard fsdp2)")
+        return (f"model.lora_r: {need}, and no single change of the batch, checkpointing, loss path "
+                "or engine fits; train a LoRA adapter (model.lora_r > 0) or shard over more GPUs "
+                "(--shard fsdp2)")
     return ""
 
 # %% ../nbs/10e_plan.ipynb #d27169e0
 def plan(cfg: Config, # the run's validated config
          gpus: int = 1, # processes, one GPU each
-         gpu_memory_gb: float = 80, # one GPU's memory in GiB (torch sees 79.2 of an "80 GB" H100, ~140 of an H200)
+         # one GPU's memory in GiB (torch sees 79.2 of an "80 GB" H100, ~140 of an H200)
+         gpu_memory_gb: float = 80,
          shard: str = "ddp", # ddp: every GPU holds the whole state; fsdp2: weights, grads, AdamW sharded
          device: str = "cuda", # cpu: the per-tensor optimizer step, no Triton, no CUDA context
          hf_config=None) -> Plan: # the model's config; None: from `model.name_or_path` (no weights loaded)
@@ -454,11 +486,12 @@ def plan(cfg: Config, # the run's validated config
     rows, phases, moments, eng = budget(cfg, a, gpus, gpu_bytes, shard, device)
     seq, seqs, B, n = step_sizes(cfg, gpus)
     how = f"{gpus} x {gpu_memory_gb:g} GiB ({shard})" if gpus > 1 else f"1 x {gpu_memory_gb:g} GiB"
-    title = (f"{m.name_or_path} on {how}: {seqs} sequences per GPU of up to {cfg.rollout.max_prompt_tokens} prompt "
-             f"+ {cfg.rollout.max_new_tokens} new tokens; {n} micro-batches of {B}")
+    title = (f"{m.name_or_path} on {how}: {seqs} sequences per GPU of up to "
+             f"{cfg.rollout.max_prompt_tokens} prompt + {cfg.rollout.max_new_tokens} new tokens; {n} "
+             f"micro-batches of {B}")
     state = sum(r.bytes for r in state_rows(cfg, a, gpus, shard))
-    return Plan(title, rows, phases, moments, gpu_bytes, advise(cfg, a, gpus, gpu_bytes, shard, device), state, seqs,
-                eng.at_once)
+    return Plan(title, rows, phases, moments, gpu_bytes, advise(cfg, a, gpus, gpu_bytes, shard, device),
+                state, seqs, eng.at_once)
 
 def check_fits(cfg: Config, gpus: int = 1, gpu_memory_gb: float = 80, shard: str = "ddp",
                hf_config=None) -> Plan: # e.g. a loaded model's `config`; None: from `model.name_or_path`
@@ -476,7 +509,8 @@ def presets_table(names: tuple = ("gsm8k-qwen2.5-0.5b", "math-qwen2.5-1.5b"), # 
     "A markdown table of each preset's plan on each setup, in GiB per GPU"
     from bppo_kit.config import get_config
     g = lambda b: f"{b / GIB:.1f}"
-    out = ["| preset | GPUs | state | activations | loss path | engine holds | generation | update | verdict |",
+    out = ["| preset | GPUs | state | activations | loss path | engine holds | generation | update | "
+           "verdict |",
            "|---|---|---:|---:|---:|---|---:|---:|---|"]
     for name in names:
         cfg = get_config(name, overrides=list(overrides))

@@ -23,17 +23,18 @@ CHARS = string.digits + string.ascii_letters + " +-*/()=#.,:;?!'\n$\\{}^_<>[]%&|
 SPECIALS = ["<pad>", "<eos>", "<unk>"]
 
 def char_tokenizer(chars: str = CHARS) -> PreTrainedTokenizerFast:
-    "A one-token-per-character `PreTrainedTokenizerFast` over `chars`, with `<pad>`, `<eos>`, `<unk>`, left padding"
+    ("A one-token-per-character `PreTrainedTokenizerFast` over `chars`, with `<pad>`, `<eos>`, `<unk>`, "
+     "left padding")
     vocab = {t: i for i, t in enumerate(SPECIALS + list(dict.fromkeys(chars)))}
     tk = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tk.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     tk.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>",
-                                   padding_side="left")
+    return PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", eos_token="<eos>",
+                                   unk_token="<unk>", padding_side="left")
 
 # %% ../nbs/03_policy.ipynb #0d5be44f
-def tiny_config(tok, hidden_size: int = 192, num_layers: int = 4, num_heads: int = 4, intermediate_size: int = 512,
-                max_positions: int = 512) -> Qwen2Config:
+def tiny_config(tok, hidden_size: int = 192, num_layers: int = 4, num_heads: int = 4,
+                intermediate_size: int = 512, max_positions: int = 512) -> Qwen2Config:
     "The `Qwen2Config` of the kit's tiny policy for tokenizer `tok`"
     return Qwen2Config(vocab_size=len(tok), hidden_size=hidden_size, num_hidden_layers=num_layers,
                        num_attention_heads=num_heads, num_key_value_heads=num_heads,
@@ -45,10 +46,11 @@ def tiny_config(tok, hidden_size: int = 192, num_layers: int = 4, num_heads: int
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 def load_tokenizer(path: str):
-    "A tokenizer with left padding and a pad token; tokenizers saved as plain `tokenizer.json` stay exactly that"
+    ("A tokenizer with left padding and a pad token; tokenizers saved as plain `tokenizer.json` stay "
+     "exactly that")
     cfg = Path(path) / "tokenizer_config.json"
-    plain = (cfg.is_file() and
-             json.loads(cfg.read_text()).get("tokenizer_class") in ("TokenizersBackend", "PreTrainedTokenizerFast"))
+    plain = (cfg.is_file() and json.loads(cfg.read_text()).get("tokenizer_class")
+             in ("TokenizersBackend", "PreTrainedTokenizerFast"))
     # AutoTokenizer would pick Qwen2Tokenizer from the model's config.json and re-split our characters byte-level style
     tok = (PreTrainedTokenizerFast if plain else AutoTokenizer).from_pretrained(path, padding_side="left")
     if tok.pad_token is None: tok.pad_token = tok.eos_token
@@ -59,12 +61,14 @@ SHIPPED_POLICIES = {"tiny": ("tiny_policy", "tiny"), "tiny-tail": ("tail_policy"
 
 def resolve_policy_path(name_or_path: str) -> str:
     "A name of `SHIPPED_POLICIES` ('tiny', 'tiny-tail') -> its folder under data/; anything else unchanged"
-    return str(data_dir() / SHIPPED_POLICIES[name_or_path][0]) if name_or_path in SHIPPED_POLICIES else name_or_path
+    return (str(data_dir() / SHIPPED_POLICIES[name_or_path][0]) if name_or_path in SHIPPED_POLICIES
+            else name_or_path)
 
-def load_policy(name_or_path: str = "tiny", # "tiny", "tiny-tail", a hub id, a local checkpoint or LoRA adapter folder
+def load_policy(name_or_path: str = "tiny", # "tiny", "tiny-tail", hub id, checkpoint or LoRA adapter folder
                 dtype: str = "float32", # a key of `DTYPES`
                 device: str = "cpu", # where the weights go
-                merge: bool = True): # an adapter folder: merge it into its base (False: the peft model, to train)
+                # an adapter folder: merge it into its base (False: the peft model, to train)
+                merge: bool = True):
     "`(model, tokenizer)` ready for generation: eval mode, left padding, a pad token"
     path = resolve_policy_path(name_or_path)
     local = Path(path)
@@ -78,7 +82,8 @@ def load_policy(name_or_path: str = "tiny", # "tiny", "tiny-tail", a hub id, a l
     if adapter:
         from peft import PeftModel
         base_path = json.loads((local / "adapter_config.json").read_text())["base_model_name_or_path"]
-        base = AutoModelForCausalLM.from_pretrained(resolve_policy_path(base_path), dtype=DTYPES[dtype]).to(device)
+        base = AutoModelForCausalLM.from_pretrained(resolve_policy_path(base_path),
+                                                    dtype=DTYPES[dtype]).to(device)
         model = PeftModel.from_pretrained(base, path)
         return (model.merge_and_unload() if merge else model).eval(), tok
     model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype]).to(device).eval()
@@ -94,14 +99,16 @@ def add_lora(model, r: int, # the adapter's rank
              target: str = "all-linear"): # "all-linear", or comma-separated module names (q_proj,v_proj,...)
     "`model` with a fresh LoRA adapter (peft); only the adapter's weights train"
     try: from peft import LoraConfig, get_peft_model
-    except ImportError: raise DataError("model.lora_r: LoRA needs peft (pip install 'bppo_kit[lora]')") from None
+    except ImportError:
+        raise DataError("model.lora_r: LoRA needs peft (pip install 'bppo_kit[lora]')") from None
     modules = target if target == "all-linear" else [m.strip() for m in target.split(",") if m.strip()]
     return get_peft_model(model, LoraConfig(r=r, lora_alpha=alpha, target_modules=modules, lora_dropout=0.0,
                                             task_type="CAUSAL_LM"))
 
 @torch.no_grad()
 def merged_state_dict(model) -> dict:
-    "`model`'s state dict as a plain model's: for a peft model, base weights plus the adapters' deltas, no LoRA keys"
+    ("`model`'s state dict as a plain model's: for a peft model, base weights plus the adapters' deltas, no "
+     "LoRA keys")
     if not is_peft(model): return model.state_dict()
     from peft.tuners.lora import LoraLayer
     base = model.get_base_model()
@@ -125,54 +132,64 @@ def generation_copy(model, dtype: str):
     if not is_peft(model) and next(model.parameters()).dtype == DTYPES[dtype]: return model
     if not is_peft(model): return copy.deepcopy(model).to(DTYPES[dtype]).eval().requires_grad_(False)
     base = model.get_base_model()
-    gen = AutoModelForCausalLM.from_config(base.config, dtype=DTYPES[dtype]).to(next(model.parameters()).device)
+    gen = (AutoModelForCausalLM.from_config(base.config, dtype=DTYPES[dtype])
+           .to(next(model.parameters()).device))
     copy_weights(gen, model)
     return gen.eval().requires_grad_(False)
 
 @torch.no_grad()
 def copy_weights(dst, src):
-    "Copy `src`'s weights (LoRA merged) and buffers into `dst`, cast to `dst`'s dtypes; nothing to do if one model"
+    ("Copy `src`'s weights (LoRA merged) and buffers into `dst`, cast to `dst`'s dtypes; nothing to do if "
+     "one model")
     if dst is src: return
     d = dst.state_dict()
     for k, v in merged_state_dict(src).items(): d[k].copy_(v)
 
 # %% ../nbs/03_policy.ipynb #e2b3c4d5
 CHATML_TEMPLATE = ("{% if bos_token %}{{ bos_token }}{% endif %}"
-                   "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                   "{% for m in messages %}"
+                   "<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
                    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 def chat_tokenizer(chars: str = CHARS, # the characters, as for `char_tokenizer`
-                   bos: bool = False) -> PreTrainedTokenizerFast: # start every encoding with `<s>`, as Llama's do
-    "`char_tokenizer` with ChatML's `<|im_start|>`, `<|im_end|>` (and `<s>`) after its own tokens; a ChatML template"
+                   # start every encoding with `<s>`, as Llama's do
+                   bos: bool = False) -> PreTrainedTokenizerFast:
+    ("`char_tokenizer` with ChatML's `<|im_start|>`, `<|im_end|>` (and `<s>`) after its own tokens; a ChatML "
+     "template")
     tk = char_tokenizer(chars).backend_tokenizer
     tk.add_special_tokens(["<|im_start|>", "<|im_end|>"] + (["<s>"] if bos else []))
     if bos: tk.post_processor = processors.TemplateProcessing(single="<s> $A",
                                                               special_tokens=[("<s>", tk.token_to_id("<s>"))])
-    return PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>",
-                                   bos_token="<s>" if bos else None, padding_side="left", chat_template=CHATML_TEMPLATE)
+    return PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", eos_token="<eos>",
+                                   unk_token="<unk>", bos_token="<s>" if bos else None, padding_side="left",
+                                   chat_template=CHATML_TEMPLATE)
 
 def prompt_ids(tok, # a tokenizer: `tok(text)`; for chat, `chat_template` and `apply_chat_template`
                ex: Example, # the example whose prompt the engine gets
-               data: DataConfig | None = None) -> list[int]: # its `prompt_format` and `system_prompt`; None = plain
-    "The token ids of `ex`'s prompt: its plain text encoded, or its messages through the tokenizer's chat template"
+               # its `prompt_format` and `system_prompt`; None = plain
+               data: DataConfig | None = None) -> list[int]:
+    ("The token ids of `ex`'s prompt: its plain text encoded, or its messages through the tokenizer's chat "
+     "template")
     d = data if data is not None else DataConfig()
     if d.prompt_format == "plain": return tok(prompt_text(ex, d.system_prompt))["input_ids"]
     if d.prompt_format != "chat":
         raise ConfigError(f"data.prompt_format: must be plain or chat, got {d.prompt_format!r}")
     if not getattr(tok, "chat_template", None):
-        raise ConfigError("data.prompt_format: chat needs a tokenizer with a chat template, and this one has none "
-                          "(a base model?); use data.prompt_format=plain")
+        raise ConfigError("data.prompt_format: chat needs a tokenizer with a chat template, and this one "
+                          "has none (a base model?); use data.prompt_format=plain")
     # ids straight from the template: encoding its text again would add a BOS the template already wrote
-    ids = tok.apply_chat_template(prompt_messages(ex, d.system_prompt), add_generation_prompt=True, tokenize=True,
-                                  return_dict=False)
+    ids = tok.apply_chat_template(prompt_messages(ex, d.system_prompt), add_generation_prompt=True,
+                                  tokenize=True, return_dict=False)
     return list(ids)
 
 # %% ../nbs/03_policy.ipynb #d8dd7581
 def pack(prompts: list[list[int]], # prompt token ids, one list per sequence
          completions: list[list[int]], # completion token ids (may be empty)
          pad_id: int, device=None) -> dict:
-    "Batch tensors [B, P+C] of prompt+completion sequences: input_ids, attention_mask, position_ids, completion_mask; P"
-    if len(prompts) != len(completions): raise ValueError(f"{len(prompts)} prompts but {len(completions)} completions")
+    ("Batch tensors [B, P+C] of prompt+completion sequences: input_ids, attention_mask, position_ids, "
+     "completion_mask; P")
+    if len(prompts) != len(completions):
+        raise ValueError(f"{len(prompts)} prompts but {len(completions)} completions")
     if not prompts: raise ValueError("empty batch")
     P, C = max(map(len, prompts)), max(1, max(map(len, completions)))
     B = len(prompts)
@@ -180,9 +197,13 @@ def pack(prompts: list[list[int]], # prompt token ids, one list per sequence
     mask = torch.zeros((B, P + C), dtype=torch.long)
     for i, (p, c) in enumerate(zip(prompts, completions)):
         if not p: raise ValueError(f"sequence {i} has an empty prompt")
-        ids[i, P - len(p):P] = torch.tensor(p); mask[i, P - len(p):P] = 1
-        if c: ids[i, P:P + len(c)] = torch.tensor(c); mask[i, P:P + len(c)] = 1
-    cmask = mask.clone(); cmask[:, :P] = 0
+        ids[i, P - len(p):P] = torch.tensor(p)
+        mask[i, P - len(p):P] = 1
+        if c:
+            ids[i, P:P + len(c)] = torch.tensor(c)
+            mask[i, P:P + len(c)] = 1
+    cmask = mask.clone()
+    cmask[:, :P] = 0
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
     out = dict(input_ids=ids, attention_mask=mask, position_ids=pos, completion_mask=cmask.bool())
     return {k: v.to(device) for k, v in out.items()} | {"prompt_len": P}

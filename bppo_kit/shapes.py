@@ -19,7 +19,8 @@ __all__ = ['SYSTEM_PROMPT', 'SHARED_TEXT', 'QWEN_SPLIT', 'SPECIAL_TOKENS', 'CHAT
 
 # %% ../nbs/03d_shapes.ipynb #16074256
 SYSTEM_PROMPT = "You are a helpful assistant."  # the template's default system message (Qwen2.5's names Qwen)
-SHARED_TEXT = {"gsm8k/train.jsonl": ("question", "answer"), "math/math_train_7500.jsonl": ("problem", "solution")}
+SHARED_TEXT = {"gsm8k/train.jsonl": ("question", "answer"),
+               "math/math_train_7500.jsonl": ("problem", "solution")}
 
 def tokenizer_corpus(n_traces: int = 2000, # synthetic traces, alternately concise and verbose
                      shared: bool = True, # add public math text from `shared_data_dir()` where it is present
@@ -32,7 +33,8 @@ def tokenizer_corpus(n_traces: int = 2000, # synthetic traces, alternately conci
     for i in range(n_traces):
         p = next(stream)
         texts.append(f"Q: {p.expr}\nA:" + make_trace(p, rng, "verbose" if i % 2 else "concise"))
-    texts += [f"system\n{SYSTEM_PROMPT}", f"user\n{ev[0].prompt}", "assistant\n"]  # ChatML's text between specials
+    # ChatML's text between specials
+    texts += [f"system\n{SYSTEM_PROMPT}", f"user\n{ev[0].prompt}", "assistant\n"]
     sources = ["data/synthetic_eval.jsonl", f"{n_traces} synthetic traces (seed {seed})"]
     for name, keys in SHARED_TEXT.items():
         path = shared_data_dir() / name
@@ -57,21 +59,24 @@ CHAT_TEMPLATE = (
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
 
 def bpe_tokenizer(texts: list[str] | None = None, # training text; None = `tokenizer_corpus()`'s
-                  vocab_size: int = 8000, # learned tokens at most (256 bytes + merges); the 3 specials come after
+                  # learned tokens at most (256 bytes + merges); the 3 specials come after
+                  vocab_size: int = 8000,
                   min_frequency: int = 2) -> PreTrainedTokenizerFast: # a merge needs this many occurrences
     "A byte-level BPE `PreTrainedTokenizerFast` with Qwen2's pre-tokenizer, Qwen's special tokens and ChatML"
     tk = Tokenizer(models.BPE())
     tk.normalizer = normalizers.NFC()
-    tk.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(QWEN_SPLIT), "isolated"),
-                                                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tk.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN_SPLIT), "isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     tk.decoder, tk.post_processor = decoders.ByteLevel(), processors.ByteLevel(trim_offsets=False)
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tk.train_from_iterator(texts if texts is not None else tokenizer_corpus()[0], trainer)
     tk.add_special_tokens(list(SPECIAL_TOKENS))  # after the learned vocabulary, as in Qwen's
-    return PreTrainedTokenizerFast(tokenizer_object=tk, eos_token=SPECIAL_TOKENS[0], pad_token=SPECIAL_TOKENS[0],
-                                   additional_special_tokens=list(SPECIAL_TOKENS[1:]), chat_template=CHAT_TEMPLATE,
-                                   padding_side="left", model_max_length=32768)
+    return PreTrainedTokenizerFast(tokenizer_object=tk, eos_token=SPECIAL_TOKENS[0],
+                                   pad_token=SPECIAL_TOKENS[0],
+                                   additional_special_tokens=list(SPECIAL_TOKENS[1:]),
+                                   chat_template=CHAT_TEMPLATE, padding_side="left", model_max_length=32768)
 
 # %% ../nbs/03d_shapes.ipynb #9b026beb
 QWEN2_5 = {  # size -> the shape; the rest is common to all sizes (see qwen2_5_config)
@@ -84,7 +89,8 @@ QWEN2_5 = {  # size -> the shape; the rest is common to all sizes (see qwen2_5_c
 }
 
 def qwen2_5_config(size: str = "0.5b", # a key of `QWEN2_5`
-                   tok=None, # sets the pad/eos/bos ids (Qwen2.5: all `<|endoftext|>`) and must fit the vocabulary
+                   # sets the pad/eos/bos ids (Qwen2.5: all `<|endoftext|>`) and must fit the vocabulary
+                   tok=None,
                    **overrides) -> Qwen2Config: # any other Qwen2Config field
     "The `Qwen2Config` of Qwen2.5 at `size`"
     if size not in QWEN2_5: raise ValueError(f"size must be one of {', '.join(QWEN2_5)}, got {size!r}")
@@ -99,7 +105,8 @@ def qwen2_5_config(size: str = "0.5b", # a key of `QWEN2_5`
     return cfg
 
 def param_count(cfg: Qwen2Config) -> int:
-    "Parameters of a `Qwen2ForCausalLM` with `cfg` (tied weights counted once), built without memory on `meta`"
+    ("Parameters of a `Qwen2ForCausalLM` with `cfg` (tied weights counted once), built without memory "
+     "on `meta`")
     with torch.device("meta"): return sum(p.numel() for p in Qwen2ForCausalLM(cfg).parameters())
 
 # %% ../nbs/03d_shapes.ipynb #c4bcaded
@@ -119,12 +126,16 @@ def real_shaped(size: str = "0.5b", # a key of `QWEN2_5`
     return model.to(DTYPES[dtype]).eval(), tok
 
 def save_real_shaped(folder, # the checkpoint folder (created)
-                     size: str = "0.5b", dtype: str = "bfloat16", seed: int = 0, tok=None, device: str = "cpu") -> Path:
+                     size: str = "0.5b", dtype: str = "bfloat16", seed: int = 0, tok=None,
+                     device: str = "cpu") -> Path:
     "Write a random-weight Qwen2.5-shaped checkpoint and its tokenizer to `folder`, for `load_policy(folder)`"
     model, tok = real_shaped(size, tok, dtype, seed, device)
-    folder = Path(folder); folder.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(folder); tok.save_pretrained(folder)
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
     meta = dict(size=size, dtype=dtype, seed=seed, parameters=sum(p.numel() for p in model.parameters()),
-                tokenizer_tokens=len(tok), weights="random (transformers' init, seeded): for measuring, not learning")
+                tokenizer_tokens=len(tok), weights="random (transformers' init, seeded): for measuring, not "
+                                                   "learning")
     (folder / "shapes.json").write_text(json.dumps(meta, indent=1) + "\n")
     return folder

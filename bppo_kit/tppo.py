@@ -13,8 +13,8 @@ from .batching import Entry, SamplePool
 from .config import Config, ConfigError
 from .core import Algorithm, Completion, Request, TrainItem, engine_caps, register
 from .distributed import Dist, reduce_metrics
-from .egae import (adaptive_lambda, dual_clip_surrogate, egae, explained_variance, mc_returns, terminal_rewards,
-                           tppo_token_mask, value_loss, whiten_clamp)
+from .egae import (adaptive_lambda, dual_clip_surrogate, egae, explained_variance, mc_returns,
+                           terminal_rewards, tppo_token_mask, value_loss, whiten_clamp)
 from .policy import pack
 
 # %% auto #0
@@ -26,7 +26,9 @@ class ValueHead(nn.Module):
     def __init__(self, hidden_size: int):
         super().__init__()
         self.proj = nn.Linear(hidden_size, 1)
-        nn.init.zeros_(self.proj.weight); nn.init.zeros_(self.proj.bias)  # start at V = 0: no initial bias
+        # start at V = 0: no initial bias
+        nn.init.zeros_(self.proj.weight)
+        nn.init.zeros_(self.proj.bias)
     def forward(self, hidden: torch.Tensor) -> torch.Tensor: return self.proj(hidden.float()).squeeze(-1)
 
 # %% ../nbs/09b_tppo.ipynb #37baf719
@@ -50,7 +52,8 @@ def whiten(adv: torch.Tensor, # [N, T] advantages
            finished: torch.Tensor, # [N] bool
            how: str = "all", # all | split | scale (`algo.whiten`)
            clamp: float = 5.0) -> torch.Tensor:
-    "Advantages [N, T] whitened as `how` says: one mean and std (all), rows by kind (split), no centering (scale)"
+    ("Advantages [N, T] whitened as `how` says: one mean and std (all), rows by kind (split), no "
+     "centering (scale)")
     if how not in ("all", "split", "scale"): raise ValueError(f"how must be all, split or scale; got {how!r}")
     if how == "split":
         f = finished.bool()[:, None]
@@ -64,9 +67,11 @@ def window_advantages(values: torch.Tensor, # [N, C] V(s_t) over every token gen
                       reward: torch.Tensor, # [N] the score of finished responses (0 for unfinished)
                       finished: torch.Tensor, # [N] bool
                       cfg: Config,
-                      drop: torch.Tensor | None = None, # [N] bool: rows left out of this update (filter, subset)
+                      # [N] bool: rows left out of this update (filter, subset)
+                      drop: torch.Tensor | None = None,
                       ) -> tuple[torch.Tensor, torch.Tensor]:
-    "EGAE advantages [N, T] of this window's tokens, whitened and clamped, and the mask [N, T] of tokens that train"
+    ("EGAE advantages [N, T] of this window's tokens, whitened and clamped, and the mask [N, T] of tokens "
+     "that train")
     a = cfg.algo
     n = torch.tensor([L - s for L, s in zip(lengths, starts)])
     T = max(1, int(n.max()))
@@ -82,7 +87,8 @@ def window_advantages(values: torch.Tensor, # [N, C] V(s_t) over every token gen
 # %% ../nbs/09b_tppo.ipynb #05592d43
 def group_priority(scores: list[float], # the rewards of the group's members that finished so far
                    group_size: int) -> int:
-    "0: finished members scored differently; 1: the group still has unfinished members; 2: all finished, one score"
+    ("0: finished members scored differently; 1: the group still has unfinished members; 2: all finished, "
+     "one score")
     if len(set(scores)) > 1: return 0
     return 1 if len(scores) < group_size else 2
 
@@ -113,7 +119,8 @@ class TPPO(Algorithm):
         if cfg.algo.name == "tppo" and cfg.rollout.window < 1:
             raise ConfigError("rollout.window: T-PPO needs a window >= 1 (tokens per step)")
         if cfg.train.loss_kernel != "naive":
-            raise ConfigError("train.loss_kernel: T-PPO/PPO train per-token advantages; use train.loss_kernel=naive")
+            raise ConfigError("train.loss_kernel: T-PPO/PPO train per-token advantages; use "
+                              "train.loss_kernel=naive")
 
     def __init__(self, cfg: Config, policy=None):
         super().__init__(cfg, policy)
@@ -123,8 +130,10 @@ class TPPO(Algorithm):
         self.value = ValueModel(policy) if policy is not None else None
         self.vopt = (torch.optim.AdamW(self.value.parameters(), lr=cfg.algo.value_lr, betas=(0.9, 0.99),
                                        weight_decay=0.0) if self.value else None)
-        self._finished = None  # (entries, rewards, old values) of the responses that finished this step, for the critic
-        self.dist, self.critic = Dist(), self.value  # `critic`: the value model as trained (DDP-wrapped on N processes)
+        # (entries, rewards, old values) of the responses that finished this step, for the critic
+        self._finished = None
+        # `critic`: the value model as trained (DDP-wrapped on N processes)
+        self.dist, self.critic = Dist(), self.value
         self.groups: dict[int, list[float]] = {}  # open group -> rewards of its finished members
 
     def batch_size(self) -> int:
@@ -136,7 +145,8 @@ class TPPO(Algorithm):
         return max(self.batch_size(), round(self.cfg.algo.oversample * self.batch_size()))
 
     def distribute(self, dist: Dist):
-        "Scale-out: each process keeps its own pool (its own noise seed); the value model is wrapped like the policy"
+        ("Scale-out: each process keeps its own pool (its own noise seed); the value model is wrapped like "
+         "the policy")
         self.dist = dist
         if self.value is not None: self.critic, self.vopt = dist.prepare(self.value, self.vopt)
 
@@ -145,17 +155,21 @@ class TPPO(Algorithm):
                     groups=self.groups)
 
     def load_state_dict(self, s: dict):
-        self.pool.load(s["pool"]); self.value.load_state_dict(s["value"]); self.vopt.load_state_dict(s["vopt"])
+        self.pool.load(s["pool"])
+        self.value.load_state_dict(s["value"])
+        self.vopt.load_state_dict(s["vopt"])
         self.groups = {int(g): list(r) for g, r in s.get("groups", {}).items()}
 
 # %% ../nbs/09b_tppo.ipynb #c469c0b6
 @patch
 def _draw(self: TPPO, step: int, sampler) -> list[Entry]:
-    "`draw_size` entries from the pool, admitting the step's prompts (then extra ones) while the queue runs short"
+    ("`draw_size` entries from the pool, admitting the step's prompts (then extra ones) while the queue "
+     "runs short")
     n, round_ = self.draw_size(), 0
     while len(self.pool) < n:
         extra = getattr(sampler.prompts, "extra", None)
-        if round_ == 0 or extra is None: ex = sampler.step_prompts(step)  # this process's share of the step's prompts
+        # this process's share of the step's prompts
+        if round_ == 0 or extra is None: ex = sampler.step_prompts(step)
         else:
             ex = extra(step, round_, self.cfg.train.prompts_per_step)
             ex = ex[sampler.dist.share(len(ex))]
@@ -171,7 +185,8 @@ def _generate(self: TPPO, entries: list[Entry], step: int,
     "One window of every entry (each resumes with its own noise key); tokens before it, completions, slot use"
     # each process's pool numbers its entries from 0: its rank moves the noise seed (1,000,003: the sampler's prime)
     engine, seed = sampler.engine, self.cfg.train.seed + 1_000_003 * self.dist.rank
-    reqs = [Request(e.prompt_ids, i, e.uid, seed, list(e.tokens), list(e.logprobs)) for i, e in enumerate(entries)]
+    reqs = [Request(e.prompt_ids, i, e.uid, seed, list(e.tokens), list(e.logprobs))
+            for i, e in enumerate(entries)]
     before = dict(engine.stats)
     sp = replace(sampler.params(step), logprobs=True)  # carried tokens need their sampling log-probs
     cs = engine.run(reqs, sp, window=self.window or None)
@@ -185,7 +200,8 @@ def _generate(self: TPPO, entries: list[Entry], step: int,
 @patch
 def _grade(self: TPPO, entries: list[Entry], cs: list[Completion], fin: torch.Tensor, step: int,
            sampler) -> tuple[torch.Tensor, torch.Tensor]:
-    "Rewards [N] (0 for unfinished responses) and correctness [N] (False for unfinished) of this window's responses"
+    ("Rewards [N] (0 for unfinished responses) and correctness [N] (False for unfinished) of this window's "
+     "responses")
     done = fin.nonzero().flatten().tolist()
     rw, ok = sampler.grade([entries[i].example for i in done],
                            [replace(cs[i], prompt_index=j) for j, i in enumerate(done)], step)
@@ -199,7 +215,8 @@ def _values(self: TPPO, entries: list[Entry], pad_id: int) -> torch.Tensor:
     "V(s_t) [N, C] over every token each entry has so far"
     dev = next(self.value.parameters()).device
     with torch.no_grad():
-        return self.value(pack([e.prompt_ids for e in entries], [e.tokens for e in entries], pad_id, dev)).float().cpu()
+        return self.value(pack([e.prompt_ids for e in entries], [e.tokens for e in entries],
+                               pad_id, dev)).float().cpu()
 
 # %% ../nbs/09b_tppo.ipynb #b358708d
 @patch
@@ -235,9 +252,10 @@ def _choose(self: TPPO, entries: list[Entry]) -> torch.Tensor:
 
 # %% ../nbs/09b_tppo.ipynb #28eb1588
 @patch
-def _item(self: TPPO, e: Entry, start: int, k: int, generated_from: int, adv: torch.Tensor, upto: int | None = None,
-          lm_weight: float = 0.0) -> TrainItem:
-    "The item training `e`'s tokens `start … start+k-1` (before `generated_from`: carried); `e` marked done to `upto`"
+def _item(self: TPPO, e: Entry, start: int, k: int, generated_from: int, adv: torch.Tensor,
+          upto: int | None = None, lm_weight: float = 0.0) -> TrainItem:
+    ("The item training `e`'s tokens `start … start+k-1` (before `generated_from`: carried); `e` marked done "
+     "to `upto`")
     e.trained = start + k if upto is None else upto
     return TrainItem(e.prompt_ids, list(e.tokens), 0.0, start + k, start, adv[:k].tolist(),
                      sample_logprobs=list(e.logprobs), carried=max(0, min(k, generated_from - start)),
@@ -248,7 +266,8 @@ def _item(self: TPPO, e: Entry, start: int, k: int, generated_from: int, adv: to
 def _items(self: TPPO, entries: list[Entry], starts: list[int], generated_from: list[int], adv: torch.Tensor,
            keep: torch.Tensor, fin: torch.Tensor, correct: torch.Tensor, drop: torch.Tensor,
            chosen: torch.Tensor) -> tuple[list[TrainItem], dict]:
-    "The chosen entries' train items, and the tokens masked, filtered (group filter) and left out (subset) this step"
+    ("The chosen entries' train items, and the tokens masked, filtered (group filter) and left out (subset) "
+     "this step")
     a, k = self.cfg.algo, keep.sum(1).tolist()
     items, n = [], dict(masked_tokens=0, filtered_tokens=0, unselected_tokens=0)
     for i, e in enumerate(entries):
@@ -266,7 +285,8 @@ def _items(self: TPPO, entries: list[Entry], starts: list[int], generated_from: 
 # %% ../nbs/09b_tppo.ipynb #fa30b85a
 @patch
 def collect(self: TPPO, step: int, sampler) -> tuple[list[TrainItem], dict]:
-    "One window for the drawn entries; train items for the chosen ones' untrained tokens, and the step's metrics"
+    ("One window for the drawn entries; train items for the chosen ones' untrained tokens, and the "
+     "step's metrics")
     entries = self._draw(step, sampler)
     starts = [e.trained for e in entries]  # the first token of each response that has not been trained yet
     generated_from, cs, utilization = self._generate(entries, step, sampler)
@@ -275,7 +295,8 @@ def collect(self: TPPO, step: int, sampler) -> tuple[list[TrainItem], dict]:
     self._record(entries, fin, reward)
     drop, chosen = self._group_filter(entries), self._choose(entries)
     V = self._values(entries, sampler.tok.pad_token_id)  # [N, C] over all tokens so far
-    adv, keep = window_advantages(V, starts, [len(e.tokens) for e in entries], reward, fin, self.cfg, drop | ~chosen)
+    adv, keep = window_advantages(V, starts, [len(e.tokens) for e in entries], reward, fin,
+                                  self.cfg, drop | ~chosen)
     self._settle(entries)
     warm = step < self.cfg.algo.value_warmup  # the critic's warm-up: no policy update, nothing marked trained
     items, counts = (([], dict(masked_tokens=0, filtered_tokens=0, unselected_tokens=0)) if warm else
@@ -286,15 +307,18 @@ def collect(self: TPPO, step: int, sampler) -> tuple[list[TrainItem], dict]:
     k = keep.sum(1) if not warm else torch.zeros(len(entries), dtype=torch.long)
     m = self._metrics(entries, generated_from, done, correct[fin], reward, fin, k, sampler.tok.eos_token_id)
     m = {**m, **counts, "slot_utilization": utilization, "carried_tokens": sum(it.carried for it in items)}
-    return items, reduce_metrics(self.dist, m, summed=self.SUMMED)  # counts summed over processes, others averaged
+    # counts summed over processes, others averaged
+    return items, reduce_metrics(self.dist, m, summed=self.SUMMED)
 
 @patch
 def _metrics(self: TPPO, entries, starts, done, ok, reward, fin, k, eos_id) -> dict:
     "The step's rewards, accuracy and lengths of the finished responses; what was generated and trained"
-    lens = torch.tensor([len(e.tokens) - (1 if e.tokens and e.tokens[-1] == eos_id else 0) for e in done]).float()
+    lens = torch.tensor([len(e.tokens) - (1 if e.tokens and e.tokens[-1] == eos_id else 0)
+                         for e in done]).float()
     mean = lambda x: x.float().mean().item() if x.numel() else None
     return dict(reward_mean=mean(reward[fin]), accuracy=mean(ok), response_tokens_mean=mean(lens),
-                generated_tokens=sum(len(e.tokens) - s for e, s in zip(entries, starts)), finished_frac=mean(fin),
+                generated_tokens=sum(len(e.tokens) - s for e, s in zip(entries, starts)),
+                finished_frac=mean(fin),
                 finished=len(done), window_rounds_mean=mean(torch.tensor([e.rounds for e in done])),
                 pool_unfinished=len(self.pool.unfinished), selected_sequences=int((k > 0).sum()),
                 prefix_tokens=int(k.sum()))

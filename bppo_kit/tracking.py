@@ -18,8 +18,9 @@ def report_targets(spec: str) -> list[str]:
     "The trackers a `train.report_to` value names (`tensorboard`, `wandb,tensorboard`); `none` or empty: none"
     names = [x.strip() for x in (spec or "").split(",") if x.strip()]
     bad = [n for n in names if n not in REPORTERS]
-    if bad: raise ConfigError(f"train.report_to: unknown tracker {bad[0]!r}; choose from {', '.join(REPORTERS)}, "
-                              "comma-separated")
+    if bad:
+        raise ConfigError(f"train.report_to: unknown tracker {bad[0]!r}; choose from {', '.join(REPORTERS)}, "
+                          "comma-separated")
     if "none" in names and len(set(names)) > 1:
         raise ConfigError("train.report_to: 'none' cannot be listed with a tracker")
     return list(dict.fromkeys(n for n in names if n != "none"))
@@ -33,12 +34,14 @@ def check_trackers(cfg: Config) -> list[str]:
     return names
 
 def scalars(row: dict, prefix: str = "") -> dict[str, float]:
-    "The finite numbers of a metrics or eval row, nested fields flattened (`accuracy_by_style/concise`); not `step`"
+    ("The finite numbers of a metrics or eval row, nested fields flattened (`accuracy_by_style/concise`); "
+     "not `step`")
     out = {}
     for k, v in row.items():
         if k == "step": continue
         if isinstance(v, dict): out.update(scalars(v, f"{prefix}{k}/"))
-        elif isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v): out[prefix + k] = float(v)
+        elif isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+            out[prefix + k] = float(v)
     return out
 
 # %% ../nbs/10d_tracking.ipynb #4e1e9a87
@@ -66,7 +69,8 @@ class Trackio:
     def close(self): self.t.finish()
 
 class WandB:
-    "Weights & Biases: project `WANDB_PROJECT` (default bppo_kit), files in the run folder; honours `WANDB_MODE`"
+    ("Weights & Biases: project `WANDB_PROJECT` (default bppo_kit), files in the run folder; honours "
+     "`WANDB_MODE`")
     def __init__(self, run_dir: Path, cfg: Config):
         import wandb
         self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "bppo_kit"), name=Path(run_dir).name,

@@ -11,7 +11,8 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 from .config import Config, ConfigError, TrainConfig
-from .core import Algorithm, Engine, SamplingParams, algorithm_class, engine_caps, engine_class, make_algorithm
+from .core import (Algorithm, Engine, SamplingParams, algorithm_class, engine_caps, engine_class,
+                           make_algorithm)
 from .distributed import (Dist, checkpoint_states, full_state_dict, init_dist, load_optimizer_state,
                                   reduce_metrics)
 from .evaluate import eval_examples, evaluate
@@ -23,7 +24,8 @@ from .runs import (RunDir, append_jsonl, load_trainer_state, open_run, read_json
 from .sampler import Sampler, make_engine, step_seed
 from .tracking import Reporter, check_trackers
 from .update import check_fused_head, update
-import bppo_kit.bppo, bppo_kit.grpo, bppo_kit.tppo  # noqa: F401 -- the built-in algorithms register themselves
+# the built-in algorithms register themselves
+import bppo_kit.bppo, bppo_kit.grpo, bppo_kit.tppo  # noqa: F401
 
 # %% auto #0
 __all__ = ['COSTS', 'lr_at', 'device_of', 'Session', 'own_state', 'check_precision', 'check_gpu_memory', 'with_lora',
@@ -38,16 +40,24 @@ def lr_at(step: int, lr: float, warmup_steps: int = 0) -> float:
 # %% ../nbs/11_trainer.ipynb #ca01efd1
 def device_of(cfg: Config) -> str:
     "The device `train.device` names (auto: CUDA when there is one)"
-    return ("cuda" if torch.cuda.is_available() else "cpu") if cfg.train.device == "auto" else cfg.train.device
+    return (("cuda" if torch.cuda.is_available() else "cpu") if cfg.train.device == "auto"
+            else cfg.train.device)
 
 @dataclass
 class Session:
     "What a run holds while it trains"
-    model: object; tok: object; opt: torch.optim.Optimizer; ref: object
-    algo: Algorithm; engine: Engine; sampler: Sampler
+    model: object
+    tok: object
+    opt: torch.optim.Optimizer
+    ref: object
+    algo: Algorithm
+    engine: Engine
+    sampler: Sampler
     start: int = 0  # the first step this call trains (the checkpoint's step when resuming)
-    gen: object = None  # the weights the engine decodes with: `model` itself, or its copy in the compute dtype
-    dist: Dist = field(default_factory=Dist)  # this process's place in a scale-out run (the distributed lesson)
+    # the weights the engine decodes with: `model` itself, or its copy in the compute dtype
+    gen: object = None
+    # this process's place in a scale-out run (the distributed lesson)
+    dist: Dist = field(default_factory=Dist)
 
     @property
     def policy(self):
@@ -55,23 +65,27 @@ class Session:
         return self.dist.unwrap(self.model)
 
     def save(self, run: RunDir, step: int):
-        "Checkpoint the state after `step` steps (rank 0 writes it, with every process's RNG and algorithm state)"
+        ("Checkpoint the state after `step` steps (rank 0 writes it, with every process's RNG and "
+         "algorithm state)")
         own = dict(rng=rng_state(), algo=self.algo.state_dict())
         ranks = self.dist.gather(own) if self.dist.world > 1 else None
         msd, osd, fmt = checkpoint_states(self.dist, self.model, self.opt)  # gathered in full under FSDP2
         if self.dist.main:
-            save_checkpoint(run.root, self.policy, self.tok, self.opt, step, own["algo"], ranks, msd, osd, fmt)
+            save_checkpoint(run.root, self.policy, self.tok, self.opt, step,
+                            own["algo"], ranks, msd, osd, fmt)
         self.dist.barrier()
 
     def refresh_engine(self):
-        "Hand the engine the updated weights: its copy in the compute dtype (FSDP2: gathered), or its own (vLLM's)"
+        ("Hand the engine the updated weights: its copy in the compute dtype (FSDP2: gathered), or its own "
+         "(vLLM's)")
         if self.dist.kind == "fsdp": self.gen.load_state_dict(full_state_dict(self.dist, self.model))
         else: copy_weights(self.gen, self.policy)  # nothing to do where the engine decodes `model` itself
         # an engine with weights of its own gets the whole model: under FSDP2 the gathered copy, never a shard
         if self.engine.caps.own_weights: self.engine.sync_weights(self.gen)
 
 def own_state(state: dict, dist: Dist) -> dict:
-    "This process's `rng` and `algo` state in a checkpoint (rank 0's when it was written by another world size)"
+    ("This process's `rng` and `algo` state in a checkpoint (rank 0's when it was written by another "
+     "world size)")
     ranks = state.get("ranks")
     return ranks[dist.rank] if ranks and len(ranks) == dist.world else state
 
@@ -82,30 +96,37 @@ def check_precision(cfg: Config):
                           "use bfloat16 or float32 (evaluation runs in float16)")
 
 def check_gpu_memory(cfg: Config, dist: Dist, policy=None): # `policy`: a given `(model, tokenizer)`, if any
-    "On CUDA, before anything loads: a one-line `ConfigError` naming the field to change if the run cannot fit"
+    ("On CUDA, before anything loads: a one-line `ConfigError` naming the field to change if the run "
+     "cannot fit")
     gib = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory / 2**30
     try: hf = policy[0].config if policy is not None else model_config(cfg.model.name_or_path)
-    except ConfigError as e:  # a hub id neither cached nor of a known shape: nothing to plan from without loading it
+    # a hub id neither cached nor of a known shape: nothing to plan from without loading it
+    except ConfigError as e:
         print(f"memory not planned: {e}", flush=True)
         return
     check_fits(cfg, dist.world, gib, "fsdp2" if dist.kind == "fsdp" else "ddp", hf_config=hf)
 
 def with_lora(model, cfg: Config):
-    "The model to train: `model` itself, or with a LoRA adapter (a fresh one, or the checkpoint's made trainable)"
+    ("The model to train: `model` itself, or with a LoRA adapter (a fresh one, or the checkpoint's made "
+     "trainable)")
     m = cfg.model
     if not m.lora_r:
-        if is_peft(model): raise ConfigError("model.lora_r: the checkpoint is a LoRA adapter; resume with lora_r > 0")
+        if is_peft(model):
+            raise ConfigError("model.lora_r: the checkpoint is a LoRA adapter; resume with lora_r > 0")
         return model
     if not is_peft(model): model = add_lora(model, m.lora_r, m.lora_alpha, m.lora_target)
     for n, p in model.named_parameters(): p.requires_grad_(".lora_" in n)
-    if m.gradient_checkpointing: model.enable_input_require_grads()  # frozen embeddings: let checkpoints get a grad
+    # frozen embeddings: let checkpoints get a grad
+    if m.gradient_checkpointing: model.enable_input_require_grads()
     return model
 
 def start_policy(cfg: Config, run: RunDir, state: dict | None, policy, dev: str):
-    "The float32 masters to train (resuming: the checkpoint; else `policy`, else `model.name_or_path`); the reference"
+    ("The float32 masters to train (resuming: the checkpoint; else `policy`, else `model.name_or_path`); the "
+     "reference")
     # a given `policy` is made ready as `load_policy` makes its own: float32 on `dev`, left padding, a pad token
     if policy is None or state:
-        model, tok = load_policy(str(run.checkpoint) if state else cfg.model.name_or_path, "float32", dev, merge=False)
+        model, tok = load_policy(str(run.checkpoint) if state else cfg.model.name_or_path,
+                                 "float32", dev, merge=False)
     else:
         model, tok = policy
         tok.padding_side = "left"
@@ -118,12 +139,16 @@ def start_policy(cfg: Config, run: RunDir, state: dict | None, policy, dev: str)
 
 def setup(cfg: Config, run: RunDir, resume: bool = False, dist: Dist | None = None,
           task: Task | None = None, # your own data and rewards (the rewards lesson); None: the config's
-          policy=None) -> Session: # a loaded `(model, tokenizer)` to train in place; None: `model.name_or_path`
-    "Seed, load the policy (from the run's checkpoint when resuming), and build optimizer, reference, algorithm, engine"
+          # a loaded `(model, tokenizer)` to train in place; None: `model.name_or_path`
+          policy=None) -> Session:
+    ("Seed, load the policy (from the run's checkpoint when resuming), and build optimizer, reference, "
+     "algorithm, engine")
     t, dist = cfg.train, dist or Dist()
     dev = dist.acc.device if dist.world > 1 else device_of(cfg)
     check_precision(cfg)
-    torch.manual_seed(t.seed); random.seed(t.seed); np.random.seed(t.seed)
+    torch.manual_seed(t.seed)
+    random.seed(t.seed)
+    np.random.seed(t.seed)
     state = load_trainer_state(run.checkpoint) if resume and run.state.exists() else None
     # float32 master weights whatever the compute dtype (the policy lesson); a LoRA run's checkpoint is an adapter
     model, tok, ref = start_policy(cfg, run, state, policy, dev)
@@ -176,7 +201,8 @@ def train_step(cfg: Config, s: Session, step: int) -> dict:
     s.engine.sleep()  # its device memory goes to the update until `refresh_engine` (vLLM's sleep mode)
     collected = {**collected, **reduce_metrics(s.dist, costs, summed=set(costs))}
     t1, reward_s = time.time(), s.sampler.take_reward_seconds()
-    collected = {**collected, **reduce_metrics(s.dist, s.sampler.take_reward_metrics())}  # `rewards/NAME` means
+    # `rewards/NAME` means
+    collected = {**collected, **reduce_metrics(s.dist, s.sampler.take_reward_metrics())}
     # update: the policy's PPO epochs with the algorithm's surrogate, then the algorithm's own work (T-PPO's critic)
     um = update(s.model, s.opt, items, cfg, s.tok.pad_token_id, s.ref, s.algo.surrogate, s.dist)
     um.update(s.algo.after_update(s.tok.pad_token_id))
@@ -188,35 +214,42 @@ def train_step(cfg: Config, s: Session, step: int) -> dict:
 
 # %% ../nbs/11_trainer.ipynb #15ac4417
 def evaluate_step(cfg: Config, s: Session, examples: list, step: int, progress: bool = False) -> dict:
-    "The policy's evaluation on `examples` after `step` steps (the run's fixed eval seed), as an `eval.jsonl` row"
+    ("The policy's evaluation on `examples` after `step` steps (the run's fixed eval seed), as an "
+     "`eval.jsonl` row")
     r = cfg.rollout
     sp = SamplingParams(r.temperature, r.top_p, r.top_k, r.max_new_tokens,
                         seed=step_seed(cfg.train.seed, stream="eval"), logprobs=False)
     return dict(step=step, problems=len(examples),
-                **evaluate(s.policy, s.tok, examples, samples=r.group_size, progress=progress, engine=s.engine,
+                **evaluate(s.policy, s.tok, examples, samples=r.group_size,
+                           progress=progress, engine=s.engine,
                            sampling=sp, data=cfg.data, subset=cfg.train.eval_subset, task=s.sampler.task))
 
 def eval_examples_of(cfg: Config, task: Task | None) -> list:
-    "What the run evaluates on: its task's eval set; none for a task of its own without one; else the config's"
+    ("What the run evaluates on: its task's eval set; none for a task of its own without one; else the "
+     "config's")
     if task is not None and task.eval is not None: return task.eval
     return [] if task is not None and task.train is not None else eval_examples(cfg)
 
 def _stop_on_signals():
     "Ask the loop to stop at the next step boundary on SIGINT/SIGTERM; returns (flag, restore)"
     flag = {"stop": False}
-    if threading.current_thread() is not threading.main_thread(): return flag, lambda: None  # e.g. a widget's thread
+    # e.g. a widget's thread
+    if threading.current_thread() is not threading.main_thread(): return flag, lambda: None
     def on(sig, frame):
         if flag["stop"]: raise KeyboardInterrupt  # a second Ctrl-C leaves at once
         flag["stop"] = True
-        print("\nstopping after this step (a checkpoint will be saved); press Ctrl-C again to leave now", flush=True)
+        print("\nstopping after this step (a checkpoint will be saved); press Ctrl-C again to leave now",
+              flush=True)
     old = {sg: signal.signal(sg, on) for sg in (signal.SIGINT, signal.SIGTERM)}
     return flag, lambda: [signal.signal(sg, h) for sg, h in old.items()]
 
 def check_run(cfg: Config):
-    "One line, before anything loads, for what cannot run: an unknown or unsuited algorithm or engine, dtype, tracker"
+    ("One line, before anything loads, for what cannot run: an unknown or unsuited algorithm or engine, "
+     "dtype, tracker")
     if cfg.train.device == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("train.device: cuda, but this torch sees no CUDA device (a CPU build, or no GPU); install a "
-                          "CUDA build (make install TORCH=...), or --set train.device=cpu --set rollout.engine=kit")
+        raise ConfigError("train.device: cuda, but this torch sees no CUDA device (a CPU build, or no GPU); "
+                          "install a CUDA build (make install TORCH=...), or --set train.device=cpu --set "
+                          "rollout.engine=kit")
     algorithm_class(cfg.algo.name).check(cfg)
     engine_class(cfg.rollout.engine).check(cfg)
     check_precision(cfg)
@@ -234,15 +267,19 @@ def open_run_on(dist: Dist, cfg: Config, resume: bool, overwrite: bool) -> RunDi
     return run
 
 def rows_after(dist: Dist, run: RunDir, start: int) -> list[dict]:
-    "Drop the metric and eval rows after the checkpoint (rank 0), then every process's view of the evaluations"
-    if dist.main: truncate_metrics(run.metrics, start); truncate_metrics(run.evals, start + 1 if start else 0)
+    ("Drop the metric and eval rows after the checkpoint (rank 0), then every process's view of the "
+     "evaluations")
+    if dist.main:
+        truncate_metrics(run.metrics, start)
+        truncate_metrics(run.evals, start + 1 if start else 0)
     dist.barrier()
     return read_jsonl_rows(run.evals)
 
 # %% ../nbs/11_trainer.ipynb #f3846691
 def run_cost(rows: list[dict], # metric rows, in step order
              unit: str) -> float: # a field of every row: decode_steps, generated_tokens, wall_s
-    "The total of `unit` over `rows`, one addition a row as the loop adds them; a `ConfigError` if a row lacks it"
+    ("The total of `unit` over `rows`, one addition a row as the loop adds them; a `ConfigError` if a row "
+     "lacks it")
     total = 0.0
     for r in rows:
         if r.get(unit) is None:
@@ -254,17 +291,19 @@ def run_cost(rows: list[dict], # metric rows, in step order
 # %% ../nbs/11_trainer.ipynb #ed8f38a2
 def end_of_run(t: TrainConfig, done: int, # steps done
                spent: float) -> str | None: # the run's total of `t.budget_unit` after them
-    "Why the run ends after `done` steps: 'budget' (its total reached `t.budget`), 'steps' (`t.steps`), or None"
+    ("Why the run ends after `done` steps: 'budget' (its total reached `t.budget`), 'steps' "
+     "(`t.steps`), or None")
     if t.budget and spent >= t.budget: return "budget"
     return "steps" if done >= t.steps else None
 
 # %% ../nbs/11_trainer.ipynb #0ab6b63c
 def check_budget(cfg: Config, engine: Engine):
-    "A `ConfigError` when `train.budget_unit` is a generation cost `engine` does not count (its `stats` lack it)"
+    ("A `ConfigError` when `train.budget_unit` is a generation cost `engine` does not count (its `stats` "
+     "lack it)")
     t = cfg.train
     if t.budget and t.budget_unit in COSTS and COSTS[t.budget_unit] not in getattr(engine, "stats", {}):
-        raise ConfigError(f"train.budget_unit: the {cfg.rollout.engine} engine does not count {t.budget_unit}; "
-                          "budget generated_tokens or wall_s, or use rollout.engine=kit")
+        raise ConfigError(f"train.budget_unit: the {cfg.rollout.engine} engine does not count "
+                          f"{t.budget_unit}; budget generated_tokens or wall_s, or use rollout.engine=kit")
 
 # %% ../nbs/11_trainer.ipynb #8759f07d
 @dataclass
@@ -280,7 +319,8 @@ class RunLog:
     progress: bool = False
 
     def log(self, path: Path, kind: str, row: dict):
-        "Append `row` (the same on every process) to `path` and hand it to the trackers and `on_log`: on rank 0"
+        ("Append `row` (the same on every process) to `path` and hand it to the trackers and `on_log`: "
+         "on rank 0")
         if not self.s.dist.main: return
         append_jsonl(path, row)
         if self.reporter: self.reporter.log(kind, row)
@@ -301,10 +341,11 @@ class RunLog:
         return self.s.dist.any(any(e["step"] == step for e in self.evals))
 
 # %% ../nbs/11_trainer.ipynb #3ad7d3ba
-def run_steps(rl: RunLog, end: int, # train steps `rl.s.start` .. `end - 1`, unless the run's last step comes first
+def run_steps(rl: RunLog, end: int, # steps `rl.s.start` .. `end - 1`, unless the run's last step comes first
               spent: float, # the run's total of `train.budget_unit` before them
               stop_event: threading.Event | None = None) -> tuple[int, float, str | None]:
-    "Train, log, evaluate and checkpoint step by step; (steps done, the run's cost, why it ended: `end_of_run`)"
+    ("Train, log, evaluate and checkpoint step by step; (steps done, the run's cost, why it ended: "
+     "`end_of_run`)")
     cfg, s, run = rl.cfg, rl.s, rl.run
     t, dist = cfg.train, s.dist
     done, why = s.start, end_of_run(t, s.start, spent)
@@ -338,20 +379,25 @@ def train(cfg: Config, # the validated config
           evaluate_every: bool = True, # evaluate before, every `eval_every` steps, and after
           stop_after: int | None = None, # stop (with a checkpoint) after this many steps of this call
           overwrite: bool = False, # start afresh in a run folder that already holds a run
-          on_log=None, # called as `on_log(kind, row)` with kind "step" or "eval" after each row is written (live plots)
+          # called as `on_log(kind, row)` with kind "step" or "eval" after each row is written (live plots)
+          on_log=None,
           stop_event: threading.Event | None = None, # set it (e.g. by a Stop button) to stop after this step
-          task: Task | None = None, # your own data and reward functions (the rewards lesson); None: the config's
+          # your own data and reward functions (the rewards lesson); None: the config's
+          task: Task | None = None,
           policy=None) -> dict: # a loaded `(model, tokenizer)`, trained in place; None: `model.name_or_path`
-    "Run RL training to its last step (`train.steps`, or its `train.budget`); a summary: evaluations, why it stopped"
+    ("Run RL training to its last step (`train.steps`, or its `train.budget`); a summary: evaluations, why "
+     "it stopped")
     t = cfg.train
     check_run(cfg)
-    dist = init_dist(cfg, cpu=device_of(cfg) == "cpu")  # several processes when `accelerate launch` started them
+    # several processes when `accelerate launch` started them
+    dist = init_dist(cfg, cpu=device_of(cfg) == "cpu")
     if device_of(cfg) == "cuda": check_gpu_memory(cfg, dist, policy)  # `bppo plan`'s verdict, before any load
     run = open_run_on(dist, cfg, resume, overwrite)
     s = setup(cfg, run, resume, dist, task, policy)
     eval_set, evals = eval_examples_of(cfg, task), rows_after(dist, run, s.start)
     rl = RunLog(cfg, s, run, eval_set if evaluate_every else [], evals,
-                Reporter(cfg, run.root) if dist.main else None, on_log, progress)  # `train.report_to`: dashboards
+                # `train.report_to`: dashboards
+                Reporter(cfg, run.root) if dist.main else None, on_log, progress)
     try:
         check_budget(cfg, s.engine)
         # a resumed run's budget counts the steps before its checkpoint
@@ -368,4 +414,5 @@ def train(cfg: Config, # the validated config
                     stopped=why, spent=spent if t.budget else None)
     finally:
         if rl.reporter: rl.reporter.close()
-        s.engine.close()  # a second run in this process builds its own engine (vLLM: its share of the GPU again)
+        # a second run in this process builds its own engine (vLLM: its share of the GPU again)
+        s.engine.close()

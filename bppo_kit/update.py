@@ -23,7 +23,8 @@ __all__ = ['forward_logprobs', 'MicroBatch', 'micro_batch_tensors', 'trainable',
 
 # %% ../nbs/10b_update.ipynb #ec15c6ed
 def forward_logprobs(model, batch: dict, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
-    "Log-probs [B, C] of a packed batch's completion tokens at sampling `temperature`, and their entropies (detached)"
+    ("Log-probs [B, C] of a packed batch's completion tokens at sampling `temperature`, and their entropies "
+     "(detached)")
     P = batch["prompt_len"]
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                    position_ids=batch["position_ids"], use_cache=False).logits[:, P - 1:-1] / temperature
@@ -40,20 +41,23 @@ class MicroBatch(NamedTuple):
     carried: torch.Tensor | None  # [B, C] bool: trained tokens sampled in an earlier step, if any
 
 def micro_batch_tensors(items: list[TrainItem], pad_id: int, device=None) -> MicroBatch:
-    "A packed batch of `items` with the tokens that train, their advantages, sampling log-probs and carried tokens"
+    ("A packed batch of `items` with the tokens that train, their advantages, sampling log-probs and "
+     "carried tokens")
     batch = pack([it.prompt_ids for it in items], [it.completion_ids for it in items], pad_id, device)
     C = batch["input_ids"].shape[1] - batch["prompt_len"]
     mask = torch.zeros(len(items), C, dtype=torch.bool, device=device)
     adv = torch.tensor([it.advantage for it in items], device=device)[:, None].expand(len(items), C).clone()
     with_lp = [it.sample_logprobs is not None for it in items]
-    if any(with_lp) and not all(with_lp): raise ValueError("some train items carry sample_logprobs and some do not")
+    if any(with_lp) and not all(with_lp):
+        raise ValueError("some train items carry sample_logprobs and some do not")
     sample = torch.zeros(len(items), C, device=device) if all(with_lp) else None
     for j, it in enumerate(items):
         mask[j, it.start:it.n_train] = True
         if it.token_adv is not None: adv[j, it.start:it.n_train] = torch.tensor(it.token_adv, device=device)
         if sample is not None:
             if len(it.sample_logprobs) < it.n_train:
-                raise ValueError(f"item {j}: {len(it.sample_logprobs)} sample_logprobs for {it.n_train} trained tokens")
+                raise ValueError(f"item {j}: {len(it.sample_logprobs)} sample_logprobs for {it.n_train} "
+                                 "trained tokens")
             sample[j, :it.n_train] = torch.tensor(it.sample_logprobs[:it.n_train], device=device)
     carried = None
     if any(it.carried for it in items):
@@ -63,12 +67,14 @@ def micro_batch_tensors(items: list[TrainItem], pad_id: int, device=None) -> Mic
     return MicroBatch(batch, mask, adv, sample, carried)
 
 def trainable(items: list[TrainItem], with_kl: bool = False) -> list[TrainItem]:
-    "The items that can carry a gradient: some tokens to train and a non-zero advantage (or a KL term); or an LM term"
+    ("The items that can carry a gradient: some tokens to train and a non-zero advantage (or a KL term); or "
+     "an LM term")
     return [it for it in items if it.lm_weight > 0
             or (it.n_train > it.start and (it.advantage != 0.0 or it.token_adv is not None or with_kl))]
 
 def lm_weights(items: list[TrainItem], mb: MicroBatch, n_lm: int) -> torch.Tensor | None:
-    "Per-token weights [B, C] of the LM loss: `lm_weight / n_lm` on every completion token of items with one; else None"
+    ("Per-token weights [B, C] of the LM loss: `lm_weight / n_lm` on every completion token of items with "
+     "one; else None")
     if not any(it.lm_weight > 0 for it in items): return None
     w = torch.zeros(mb.mask.shape, device=mb.mask.device)
     for j, it in enumerate(items): w[j, :len(it.completion_ids)] = it.lm_weight / max(n_lm, 1)
@@ -76,7 +82,8 @@ def lm_weights(items: list[TrainItem], mb: MicroBatch, n_lm: int) -> torch.Tenso
 
 # %% ../nbs/10b_update.ipynb #68f30b4b
 def head_problem(model) -> str | None:
-    "Why `model`'s logits are not plain `h @ Wᵀ` of its last hidden states (so the fused loss would be wrong), or None"
+    ("Why `model`'s logits are not plain `h @ Wᵀ` of its last hidden states (so the fused loss would be "
+     "wrong), or None")
     head, c = model.get_output_embeddings(), model.config
     kind = getattr(c, "model_type", None) or type(model).__name__
     if head is None or getattr(head, "weight", None) is None: return f"{kind} has no linear LM head"
@@ -99,13 +106,16 @@ def compute_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
 
 def head_inputs(model, batch: dict, mask: torch.Tensor, temperature: float = 1.0) -> tuple:
-    "The fused loss's inputs, in the compute dtype: hidden states / T [N, H], the head's W [V, H], targets, mask [N]"
+    ("The fused loss's inputs, in the compute dtype: hidden states / T [N, H], the head's W [V, H], targets, "
+     "mask [N]")
     why = head_problem(bare(model))
     if why: raise ValueError(f"the fused loss needs a plain LM head, but {why}")
     P = batch["prompt_len"]
     out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                position_ids=batch["position_ids"], use_cache=False, output_hidden_states=True, logits_to_keep=1)
-    hidden = out.hidden_states[-1][:, P - 1:-1] / temperature  # the final norm's output / T = logits / T (linear head)
+                position_ids=batch["position_ids"], use_cache=False,
+                output_hidden_states=True, logits_to_keep=1)
+    # the final norm's output / T = logits / T (linear head)
+    hidden = out.hidden_states[-1][:, P - 1:-1] / temperature
     # cast as autocast casts a matmul's operands: the gradient reaches the float32 weights through the casts
     dt = compute_dtype(hidden)
     return (hidden.reshape(-1, hidden.shape[-1]).to(dt), bare(model).get_output_embeddings().weight.to(dt),
@@ -116,7 +126,8 @@ def kernel_logprobs(h: torch.Tensor, W: torch.Tensor, targets: torch.Tensor, m: 
                     impl: str) -> torch.Tensor:
     "The log-probs [N] the fused kernel computes for the tokens in `m` (0 elsewhere), without gradient"
     zeros = torch.zeros_like(m, dtype=torch.float32)
-    return prefix_policy_loss(h.detach(), W.detach(), targets, zeros, zeros, m, impl=impl, return_stats=True)[1]["logp"]
+    return prefix_policy_loss(h.detach(), W.detach(), targets, zeros, zeros, m, impl=impl,
+                              return_stats=True)[1]["logp"]
 
 def kernel_loss(model, batch: dict, mask: torch.Tensor, adv: torch.Tensor, weights: torch.Tensor,
                 old_logp: torch.Tensor | None, cfg: Config, tis=None, fix_old=None) -> tuple:
@@ -125,8 +136,10 @@ def kernel_loss(model, batch: dict, mask: torch.Tensor, adv: torch.Tensor, weigh
     impl = cfg.train.loss_kernel
     if old_logp is None: old_logp = kernel_logprobs(h, W, targets, m, impl).view_as(mask)
     if fix_old is not None: old_logp = fix_old(old_logp)
-    scale = weights * mask.sum() * (tis(old_logp) if tis is not None else 1.0)  # reduction and IS weights, per token
-    loss, stats = prefix_policy_loss(h, W, targets, old_logp.reshape(-1).float(), (adv * scale).reshape(-1), m,
+    # reduction and IS weights, per token
+    scale = weights * mask.sum() * (tis(old_logp) if tis is not None else 1.0)
+    loss, stats = prefix_policy_loss(h, W, targets, old_logp.reshape(-1).float(),
+                                     (adv * scale).reshape(-1), m,
                                      cfg.algo.eps_low, cfg.algo.eps_high, impl=impl, return_stats=True)
     return loss, stats["clipped"].view_as(mask), old_logp
 
@@ -136,7 +149,8 @@ def tis_weights(old_logp: torch.Tensor, sample_logp: torch.Tensor, cap: float) -
     return torch.exp(old_logp.detach().float() - sample_logp.float()).clamp(max=cap)
 
 def active_tis_cap(cfg: Config) -> float:
-    "The TIS cap in force: `algo.tis_cap` where the engine is inexact (the sampler records log-probs), else 0: off"
+    ("The TIS cap in force: `algo.tis_cap` where the engine is inexact (the sampler records log-probs), "
+     "else 0: off")
     return cfg.algo.tis_cap if records_logprobs(cfg) else 0.0
 
 def sampler_kl(old_logp: torch.Tensor, sample_logp: torch.Tensor) -> torch.Tensor:
@@ -148,9 +162,11 @@ def micro_batch_loss(model, batch: dict, mask: torch.Tensor, adv: torch.Tensor, 
                      old_logp: torch.Tensor | None, ref_logp: torch.Tensor | None, cfg: Config, surrogate,
                      sample_logp: torch.Tensor | None = None, carried: torch.Tensor | None = None,
                      lm: torch.Tensor | None = None) -> tuple: # `lm_weights`, or None
-    "(loss, clipped [B, C], kl [B, C], entropy over trained tokens, old log-probs [B, C], LM term) of a micro-batch"
+    ("(loss, clipped [B, C], kl [B, C], entropy over trained tokens, old log-probs [B, C], LM term) of a "
+     "micro-batch")
     cap = active_tis_cap(cfg)
-    tis = partial(tis_weights, sample_logp=sample_logp, cap=cap) if sample_logp is not None and cap > 0 else None
+    tis = (partial(tis_weights, sample_logp=sample_logp, cap=cap) if sample_logp is not None and cap > 0
+           else None)
     fix_old = (lambda old: torch.where(carried, sample_logp, old)) if carried is not None else None
     if cfg.train.loss_kernel != "naive":
         if lm is not None: raise ValueError("the LM loss (TrainItem.lm_weight) needs train.loss_kernel=naive")
@@ -167,12 +183,15 @@ def micro_batch_loss(model, batch: dict, mask: torch.Tensor, adv: torch.Tensor, 
     loss = ((tok_loss + cfg.algo.beta * kl_term) * weights).sum()
     lm_term = -(logp * lm).sum() if lm is not None else None  # the NLL of the LM tokens, weighted
     if lm_term is not None: loss = loss + lm_term
-    return loss, clipped, kl.detach(), (ent * mask).sum().item(), old, lm_term.item() if lm_term is not None else 0.0
+    return (loss, clipped, kl.detach(), (ent * mask).sum().item(), old,
+            lm_term.item() if lm_term is not None else 0.0)
 
 # %% ../nbs/10b_update.ipynb #8c591b2c
 @torch.no_grad()
-def policy_logprobs(model, batch: dict, mask: torch.Tensor, cfg: Config, kernel: bool | None = None) -> torch.Tensor:
-    "Log-probs [B, C] of a packed batch's completion tokens, computed as the loss path computes them, without gradient"
+def policy_logprobs(model, batch: dict, mask: torch.Tensor, cfg: Config,
+                    kernel: bool | None = None) -> torch.Tensor:
+    ("Log-probs [B, C] of a packed batch's completion tokens, computed as the loss path computes them, "
+     "without gradient")
     with autocast(cfg.model.dtype, batch["input_ids"].device):
         if not (cfg.train.loss_kernel != "naive" if kernel is None else kernel):
             return forward_logprobs(model, batch, cfg.rollout.temperature)[0]
@@ -185,7 +204,8 @@ def zero_loss(model, pad_id: int, dev) -> torch.Tensor:
 
 def update_epoch(model, batches: list[MicroBatch], old: list, ref: list, cfg: Config, surrogate, n_seqs: int,
                  n_tokens: int, dist: Dist, pad_id: int, dev, rounds: int, lms: list | None = None) -> dict:
-    "One epoch: `rounds` backward passes (this process's micro-batches, then zero ones), all-reduced after the last"
+    ("One epoch: `rounds` backward passes (this process's micro-batches, then zero ones), all-reduced after "
+     "the last")
     tot = dict(loss=0.0, clip=0.0, kl=0.0, ent=0.0, tok=0, skl=0.0, capped=0.0, lm=0.0)
     cap, none = active_tis_cap(cfg), [None] * len(batches)
     for i, last in dist.passes(model, len(batches), lambda: zero_loss(model, pad_id, dev), rounds):
@@ -193,59 +213,73 @@ def update_epoch(model, batches: list[MicroBatch], old: list, ref: list, cfg: Co
         weights = token_weights(mask, cfg.algo.reduction, n_seqs, n_tokens, cfg.rollout.max_new_tokens)
         with dist.sync_if(model, last=last):
             with autocast(cfg.model.dtype, dev):
-                loss, clipped, kl, ent, o, lm = micro_batch_loss(model, batch, mask, adv, weights, old_lp, ref_lp,
-                                                                 cfg, surrogate, sample, carried, (lms or none)[i])
+                loss, clipped, kl, ent, o, lm = micro_batch_loss(model, batch, mask, adv, weights, old_lp,
+                                                                 ref_lp, cfg, surrogate, sample,
+                                                                 carried, (lms or none)[i])
             dist.backward(loss)  # outside autocast, as PyTorch recommends
         mf = mask.float()
-        tot["loss"] += loss.item(); tot["tok"] += int(mf.sum()); tot["lm"] += lm
-        tot["clip"] += (clipped.float() * mf).sum().item(); tot["kl"] += (kl * mf).sum().item(); tot["ent"] += ent
+        tot["loss"] += loss.item()
+        tot["tok"] += int(mf.sum())
+        tot["lm"] += lm
+        tot["clip"] += (clipped.float() * mf).sum().item()
+        tot["kl"] += (kl * mf).sum().item()
+        tot["ent"] += ent
         if sample is not None:
             tot["skl"] += (sampler_kl(o, sample) * mf).sum().item()
             if cap > 0: tot["capped"] += ((tis_weights(o, sample, cap) >= cap) * mf).sum().item()
     return tot
 
 def update(model, opt, items: list[TrainItem], cfg: Config, pad_id: int, ref_model=None, surrogate=None,
-           dist: Dist | None = None) -> dict: # `dist`: this process's place in a scale-out run (none: one process)
-    "PPO epochs over `items`; returns metrics (trained_tokens, clip_frac, kl, entropy, grad_norm, skipped, loss, …)"
+           # `dist`: this process's place in a scale-out run (none: one process)
+           dist: Dist | None = None) -> dict:
+    ("PPO epochs over `items`; returns metrics (trained_tokens, clip_frac, kl, entropy, grad_norm, skipped, "
+     "loss, …)")
     tc, ac, dist = cfg.train, cfg.algo, dist or Dist()
     surrogate = surrogate or partial(clipped_surrogate, eps_low=ac.eps_low, eps_high=ac.eps_high)
     with_kl = ref_model is not None and ac.beta > 0
     live = trainable(items, with_kl)
     # the denominators count every item, of every process
     n_tokens, n_seqs, n_live, n_lm = (int(x) for x in dist.sum([
-        sum(max(0, it.n_train - it.start) for it in items), sum(it.n_train > it.start for it in items), len(live),
-        sum(len(it.completion_ids) for it in items if it.lm_weight > 0)]))  # the LM loss: a mean over its tokens
-    mets = dict(trained_tokens=0, clip_frac=0.0, kl=0.0, entropy=0.0, grad_norm=0.0, grad_clipped=0.0, skipped=0,
-                loss=0.0)
+        sum(max(0, it.n_train - it.start) for it in items), sum(it.n_train > it.start for it in items),
+        len(live),
+        # the LM loss: a mean over its tokens
+        sum(len(it.completion_ids) for it in items if it.lm_weight > 0)]))
+    mets = dict(trained_tokens=0, clip_frac=0.0, kl=0.0, entropy=0.0, grad_norm=0.0, grad_clipped=0.0,
+                skipped=0, loss=0.0)
     if not n_live: return mets
     cap = active_tis_cap(cfg)
     dev = next(model.parameters()).device
     batches = [micro_batch_tensors(live[i:i + tc.micro_batch], pad_id, dev)
                for i in range(0, len(live), tc.micro_batch)]
     none, rounds = [None] * len(batches), dist.max(len(batches))
-    lms = [lm_weights(live[i * tc.micro_batch:(i + 1) * tc.micro_batch], mb, n_lm) for i, mb in enumerate(batches)]
+    lms = [lm_weights(live[i * tc.micro_batch:(i + 1) * tc.micro_batch], mb, n_lm)
+           for i, mb in enumerate(batches)]
     old = [policy_logprobs(model, mb.batch, mb.mask, cfg) for mb in batches] if tc.mu > 1 else none
     if tc.mu > 1:  # the forwards other processes make, matched (FSDP2)
         with torch.no_grad(): [zero_loss(model, pad_id, dev) for _ in range(rounds - len(batches))]
-    ref = [policy_logprobs(ref_model, mb.batch, mb.mask, cfg, kernel=False) for mb in batches] if with_kl else none
+    ref = [policy_logprobs(ref_model, mb.batch, mb.mask, cfg, kernel=False)
+           for mb in batches] if with_kl else none
     with_sample = dist.any(bool(batches) and batches[0].sample is not None)
     model.train()
     for _ in range(tc.mu):
         opt.zero_grad(set_to_none=True)
-        tot = update_epoch(model, batches, old, ref, cfg, surrogate, n_seqs, n_tokens, dist, pad_id, dev, rounds,
-                           lms)
+        tot = update_epoch(model, batches, old, ref, cfg, surrogate, n_seqs, n_tokens, dist, pad_id, dev,
+                           rounds, lms)
         tot = dict(zip(tot, dist.sum(list(tot.values()))))  # over every process
         grad_norm = dist.clip_grad_norm_(model.parameters(), tc.grad_clip)
         if not (math.isfinite(tot["loss"]) and torch.isfinite(grad_norm)):
-            opt.zero_grad(set_to_none=True); mets["skipped"] += 1
+            opt.zero_grad(set_to_none=True)
+            mets["skipped"] += 1
         else: opt.step()
         mets["trained_tokens"] += int(tot["tok"])
         n = max(tot["tok"], 1)
         ent = tot["ent"] / n
         # grad_norm is the norm before clipping; grad_clipped says whether `grad_clip` cut it (the clip rate's terms)
-        mets.update(loss=tot["loss"], grad_norm=grad_norm.item(), grad_clipped=float(grad_norm.item() > tc.grad_clip),
+        mets.update(loss=tot["loss"], grad_norm=grad_norm.item(),
+                    grad_clipped=float(grad_norm.item() > tc.grad_clip),
                     clip_frac=tot["clip"] / n, kl=tot["kl"] / n, entropy=ent if math.isfinite(ent) else None)
         if n_lm: mets.update(lm_loss=tot["lm"], lm_tokens=n_lm)  # the weighted NLL term, and its tokens
-        if with_sample: mets.update(sampler_kl=tot["skl"] / n, tis_capped=tot["capped"] / n if cap > 0 else None)
+        if with_sample:
+            mets.update(sampler_kl=tot["skl"] / n, tis_capped=tot["capped"] / n if cap > 0 else None)
     model.eval()
     return mets

@@ -33,9 +33,11 @@ MAX_ANSWER = 1_000  # an extracted answer longer than this is compared as a stri
 
 _INVISIBLE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u00ad\u061c\u200b-\u200f"
                         "\u2028-\u202e\u2060-\u2069\ufeff]")  # control, soft hyphen, zero-width, bidi, BOM
-_SPECIAL = re.compile(r"<\|[A-Za-z_]{1,30}\|>|</?s>|<eos>|<pad>")  # special tokens a decoder left in: <|im_end|>, </s>
+# special tokens a decoder left in: <|im_end|>, </s>
+_SPECIAL = re.compile(r"<\|[A-Za-z_]{1,30}\|>|</?s>|<eos>|<pad>")
 def clean_text(text) -> str:
-    "`text` ready to scan ('' if not a string): its last `MAX_CHARS` characters, no invisible ones or special tokens"
+    ("`text` ready to scan ('' if not a string): its last `MAX_CHARS` characters, no invisible ones or "
+     "special tokens")
     if not isinstance(text, str): return ""
     text = _INVISIBLE.sub("", text[-MAX_CHARS:])
     return _SPECIAL.sub(" ", text) if "<" in text else text
@@ -78,7 +80,8 @@ _CONNECTIVE = re.compile(r"(?:[A-Za-z]{2,15}\s*)?(?:,|;|and|or|,\s*and|,\s*or)?"
 _BRANCH = re.compile(r"\b(?:otherwise|alternatively|or\s+else|depending\s+(?:on|upon)|whereas|if\s+not)\b"
                      r"|(?:^|[;,:])\s*else\b|^(?:if|unless)\b", re.I)
 def boxed_answer(text: str, spans: list | None = None) -> tuple[int, str] | None:
-    "(position, content) of the last box, joined with the boxes before it that only a connective or a branch separates"
+    ("(position, content) of the last box, joined with the boxes before it that only a connective or a "
+     "branch separates")
     spans = [x for x in (_boxed_spans(text) if spans is None else spans) if x[1]]
     if not spans: return None
     group, ends = [spans[-1]], _brace_pairs(text)
@@ -94,7 +97,8 @@ def boxed_answer(text: str, spans: list | None = None) -> tuple[int, str] | None
     return group[0][0], ", ".join(parts)
 
 # %% ../nbs/01_verifier.ipynb #5ae1e95e
-_SPAN = re.compile(r"(?<!\\)\$\$(.{1,1000}?)(?<!\\)\$\$|(?<!\\)\$([^\n]{1,1000}?)(?<!\\)\$"  # $$…$$, $…$ (not \$)
+# $$…$$, $…$ (not \$)
+_SPAN = re.compile(r"(?<!\\)\$\$(.{1,1000}?)(?<!\\)\$\$|(?<!\\)\$([^\n]{1,1000}?)(?<!\\)\$"
                    r"|\\\(([^\n]{1,1000}?)\\\)|\\\[(.{1,1000}?)\\\]", re.DOTALL)  # \(…\) on one line, \[…\]
 # a number: a time 3:30 p.m. or 6 p.m. | 3.2e5, 2 \times 10^{5} (one number) | 1,234,567 | a decimal comma 3,75 (not in
 # a list) | 12, 2.5, 3/4 | .5 ; never glued to a letter (QX7RZB)
@@ -110,7 +114,8 @@ def _leading_spans(s: str) -> str | None:
     "The contents of the math spans that open `s`, joined when a connective separates them (`$12$ and $13$`)"
     out, i = [], 0
     while m := _SPAN.match(s, i):
-        out.append(_span_content(m)); i = m.end()
+        out.append(_span_content(m))
+        i = m.end()
         c = re.match(r"\s*(?:,\s*and|,\s*or|,|and|or)\s*(?=\$|\\\(|\\\[)", s[i:])
         if not c: break
         i += c.end()
@@ -135,18 +140,21 @@ def _phrase_answer(s: str) -> str:
     s = re.split(r"(?<=\S)\.(?:\s|$)|;| because | since | as | so ", s, maxsplit=1)[0]
     s = re.sub(r"(?<=\S)\s+\([A-Za-z][A-Za-z ]+\)$", "", s.strip().rstrip("."))  # 7 (seven)
     s = s.strip().rstrip(".,;:").strip("*").strip()
-    if looks_bare(s) or not re.search(r"\d|\$|\\\(", s) or re.search(r"\bnot\b|n't\b", s): return s  # "not 11"
+    # "not 11"
+    if looks_bare(s) or not re.search(r"\d|\$|\\\(", s) or re.search(r"\bnot\b|n't\b", s): return s
     return _sentence_answer(s)
 
 _COMMAND_OR_TEXT = re.compile(r"\\(?:text|textbf|mathrm|mbox|begin|end)\s*\{[^{}]{0,100}\}|\\[A-Za-z]+")
-_BARE_WORDS = {"and", "or", "sqrt", "pi", "infty", "inf", "infinity", "percent", "percentage", "pct", "per", "cent",
-               "dollars", "cents", "degrees", "units",
+_BARE_WORDS = {"and", "or", "sqrt", "pi", "infty", "inf", "infinity", "percent", "percentage", "pct", "per",
+               "cent", "dollars", "cents", "degrees", "units",
                "thousand", "million", "billion", "trillion", "option", "choice"}
 def looks_bare(text: str) -> bool:
-    "Is `text` itself an answer (short, and no prose words outside LaTeX commands), like `$\\frac12$` or `7,425,000`?"
+    ("Is `text` itself an answer (short, and no prose words outside LaTeX commands), like `$\\frac12$` or "
+     "`7,425,000`?")
     s = text.strip()
     if not s or len(s) > 200 or "\n" in s: return False
-    if re.fullmatch(r"[A-Za-z][A-Za-z'\-]{0,30}( [A-Za-z][A-Za-z'\-]{0,30}){0,2}\.?", s): return True  # Evelyn, east
+    # Evelyn, east
+    if re.fullmatch(r"[A-Za-z][A-Za-z'\-]{0,30}( [A-Za-z][A-Za-z'\-]{0,30}){0,2}\.?", s): return True
     words = re.findall(r"(?<![\\A-Za-z])[A-Za-z]{3,}", _COMMAND_OR_TEXT.sub(" ", s))
     return all(w.lower() in _BARE_WORDS for w in words)
 
@@ -156,7 +164,8 @@ _HASH = re.compile(r"####[ \t]*([^\n]{0,300})")
 _PHRASE = re.compile(r"(?im)(?:\b(?:the|my)\s+(?:final\s+)?answer\s+is\b\s*:?|\bfinal\s+answer\s*(?:is\b|:)\s*:?"
                      r"|^[ \t*#]*(?:\\text(?:bf)?\{\s*)?answer\s*[:=])[ \t*]*([^\n]{0,300})")
 _CALC = re.compile(r"<<[^<>\n]{0,200}>>")
-_SPLIT = re.compile(r"(?<![\\$])\$[ \t]*\n[^$]{0,300}?\n[ \t]*\$(?!\$)|\\\([ \t]*\n.{0,300}?\n[ \t]*\\\)", re.DOTALL)
+_SPLIT = re.compile(r"(?<![\\$])\$[ \t]*\n[^$]{0,300}?\n[ \t]*\$(?!\$)|\\\([ \t]*\n.{0,300}?\n[ \t]*\\\)",
+                    re.DOTALL)
 
 def answer_tag(text: str) -> str | None:
     "Content of the last non-empty `<answer>...</answer>` in `text` (any case), or None"
@@ -170,7 +179,8 @@ def answer_tag(text: str) -> str | None:
     return None
 
 # %% ../nbs/01_verifier.ipynb #36eb4ca6
-_CODE = re.compile(  # program text, reprs, REPL sessions, tracebacks, logs and HTTP dumps: no answer statement
+# program text, reprs, REPL sessions, tracebacks, logs and HTTP dumps: no answer statement
+_CODE = re.compile(
     r"```|__[A-Za-z][A-Za-z0-9_]{0,30}__|\b0x[0-9a-fA-F]{4,}|<[\w.]+ object at "
     r"|<(?:class|function|bound method|module|built-in) "
     r"|^[ \t]*(?:def|class)[ \t]+\w+[ \t]*[(:]|^[ \t]*(?:import[ \t]+\w|from[ \t]+[\w.]+[ \t]+import\b|#include\b)"
@@ -203,7 +213,8 @@ _NOT_PROSE = re.compile(
     r"|SELECT\b[^\n]{0,200}?\b(?:FROM|WHERE)\b|UPDATE[ \t]+\w+[ \t]+SET\b|INSERT[ \t]+INTO\b|DELETE[ \t]+FROM\b"
     r"|CREATE[ \t]+TABLE\b|ALTER[ \t]+TABLE\b|DROP[ \t]+TABLE\b|GROUP[ \t]+BY\b|ORDER[ \t]+BY\b|\[@[\w-]{1,30}"
     r"|\.py::\w|\.py[ \t]+[.FEsx]{1,80}[ \t]+\[[ \t]*\d{1,3}%\]|\[\d{2,7}\]:[ \t]|Process finished with exit code\b")
-_KEY_VALUE = r"[ \t]*(?:-[ \t]+)?[a-z]{2}[\w.-]{0,40}[ \t]*[:=][ \t]*[^\s:=]{1,80}[ \t]*"  # version: 1.4.2, port = 80
+# version: 1.4.2, port = 80
+_KEY_VALUE = r"[ \t]*(?:-[ \t]+)?[a-z]{2}[\w.-]{0,40}[ \t]*[:=][ \t]*[^\s:=]{1,80}[ \t]*"
 # the same, at the start of a line: two lines of key: value (YAML) or key = value (INI, TOML), an INI [section] over
 # one; lower-case SQL, Cypher, GraphQL; test runners (unittest, pytest); bracketed timestamps and shell prompts
 _NOT_PROSE_LINE = re.compile(
@@ -216,7 +227,8 @@ _NOT_PROSE_LINE = re.compile(
     r"|[ \t]*\$[ \t]+(?:python3?|pip|npm|node|git|cd|ls|cat|echo|curl|bash|sh|make)\b)", re.M)
 
 def _looks_like_code(text: str) -> bool:
-    "Is `text` program text, a repr, a log, a table, markup, a query, a config block or test output, not prose?"
+    ("Is `text` program text, a repr, a log, a table, markup, a query, a config block or test output, "
+     "not prose?")
     if _CODE.search(text) or _NOT_PROSE.search(text) or _NOT_PROSE_LINE.search(text): return True
     return len(_TABLE_ROW.findall(text)) >= 3
 
@@ -289,7 +301,8 @@ _DANGLING = re.compile(r"(?:\b(?:the|a|an|and|or|but|so|to|of|by|with|that|which
                        r"|these|plus|minus|need|must|will|can|should|would|get|gives|equals|makes|multiply|subtract|add"
                        r"|divide|compute|calculate|find)|[,=+\-*/:(\[{])\s*$", re.I)
 _BOUNDARY = re.compile(r"[.!?][\"')\]”’]*\s+(?=[\"'“‘(\[A-Z\x00])")
-_BARE_LINE = re.compile(r"(?:(?:[-*•]|\d{1,3}[.)])[ \t]*)?[-+]?\d[\d.,/]*")  # 42, - 42, 3) 42: one item of a list
+# 42, - 42, 3) 42: one item of a list
+_BARE_LINE = re.compile(r"(?:(?:[-*•]|\d{1,3}[.)])[ \t]*)?[-+]?\d[\d.,/]*")
 
 def _closing_sentence(text: str) -> tuple[str, str] | None:
     "(sentence, mask) for the sentence that closes `text`, or None when it states no result"
@@ -299,7 +312,8 @@ def _closing_sentence(text: str) -> tuple[str, str] | None:
     line = mask.rfind("\n") + 1
     start = max([m.end() for m in _BOUNDARY.finditer(mask, line)], default=line)
     sent, mask = text[start:], mask[start:]
-    if mask.lstrip().startswith(">") or mask.rstrip().endswith("?") or _RESTATE.search(mask) or _ECHO.search(mask):
+    if (mask.lstrip().startswith(">") or mask.rstrip().endswith("?") or _RESTATE.search(mask)
+            or _ECHO.search(mask)):
         return None
     mask = _blank(_META, _blank(_ASIDE, _blank(_QUOTED, mask)))
     if _HEDGE.search(mask) and len(_NUMBER.findall(mask)) + len(re.findall("\x00+", mask)) > 1: return None
@@ -317,7 +331,8 @@ def _is_prose(mask: str) -> bool:
     return len(words) >= 2 and mask.rstrip(" \t\"')”").endswith((".", "!")) and not _CODE.search(mask)
 
 def _fallback(text: str):
-    "The last math span or number of the closing sentence, when that sentence states a result; else (None, None)"
+    ("The last math span or number of the closing sentence, when that sentence states a result; else "
+     "(None, None)")
     text = _SPLIT.sub(" ", _CALC.sub("", text)) if "\n" in text or "<<" in text else text
     if (closing := _closing_sentence(text)) is None: return None, None
     sent, mask = closing
@@ -327,14 +342,16 @@ def _fallback(text: str):
     if spans and not (nums and nums[-1].start() > spans[-1].end()): last, how = spans[-1], "math"
     elif nums: last, how = nums[-1], "number"
     else: return None, None
-    if _LISTED.search(mask[max(0, last.start() - 40):last.start()]): return None, None  # one of a list, or a hedge
+    # one of a list, or a hedge
+    if _LISTED.search(mask[max(0, last.start() - 40):last.start()]): return None, None
     if how == "math": return _span_content(last)[:MAX_ANSWER], how
     pct = re.match(r"\s*(?:\\?%|per\s?cent)", mask[last.end():])  # 30%, 30 percent: the percent stays
     return (last.group() + ("%" if pct else ""))[:MAX_ANSWER], how
 
 # %% ../nbs/01_verifier.ipynb #a146a6db
 def _hash_answer(text: str):
-    "(position, answer) of the last `#### N` line, with the lines just above it when they are `####` lines too"
+    ("(position, answer) of the last `#### N` line, with the lines just above it when they are `####` "
+     "lines too")
     h = [m for m in _HASH.finditer(text) if m.group(1).strip()]
     if len(h) < 2: return (h[0].start(), h[0].group(1).strip().rstrip(".")) if h else None
     group = [h[-1]]
@@ -347,7 +364,8 @@ def _echoed_at(text: str, i: int) -> bool:
     "Is position `i` of `text` in someone else's words (a quotation, a hint) or in a sentence to the grader?"
     line_start = text.rfind("\n", 0, i) + 1
     line = text[line_start:i]
-    if line.lstrip().startswith(">") or line.count('"') % 2 == 1 or line.count("“") > line.count("”"): return True
+    if line.lstrip().startswith(">") or line.count('"') % 2 == 1 or line.count("“") > line.count("”"):
+        return True
     e = _SENTENCE_END.search(text, i)
     return bool(_ECHO.search(line)) or bool(_GRADER.search(text, line_start, e.end() if e else len(text)))
 
@@ -357,7 +375,8 @@ def _phrase_anchor(text: str, found: list):
     p = [m for m in p if not _echoed_at(text, m.start())]
     if not p: return None
     a, inner = p[-1].group(1), 0
-    while inner < 3 and (q := [m for m in _PHRASE.finditer(a) if m.group(1).strip()]):  # Answer: the answer is 5
+    # Answer: the answer is 5
+    while inner < 3 and (q := [m for m in _PHRASE.finditer(a) if m.group(1).strip()]):
         a, inner = q[-1].group(1), inner + 1
     a = _phrase_answer(a)
     strong = bool(re.search(r"[\d\\^=]", a)) or bool(re.fullmatch(r"\(?[A-E]\)?", a))
@@ -368,9 +387,11 @@ _BLANK_BOX = re.compile(r"(?:\s|\\[,;:! ]|\\q?quad|~)*")
 def extract_answer(text: str, # the model's response (or a bare answer)
                    last_number: bool = True, # allow the fallbacks: last math span, then last number
                    *, bare: bool = True): # a short all-math text counts as the answer itself
-    "The final answer in `text` and how it was found (tag, hash, boxed, phrase, bare, math, number), or (None, None)"
+    ("The final answer in `text` and how it was found (tag, hash, boxed, phrase, bare, math, number), or "
+     "(None, None)")
     text = clean_text(text)
-    if ("nswer>" in text or "NSWER>" in text) and (tag := answer_tag(text)) is not None:  # whatever is around it
+    # whatever is around it
+    if ("nswer>" in text or "NSWER>" in text) and (tag := answer_tag(text)) is not None:
         a, how = extract_answer(tag, last_number)
         return (a, "tag") if a is not None else (None, None)
     found = []  # (position, answer, how) of the last anchor of each kind
@@ -395,8 +416,8 @@ class Policy:
     bare: bool = True  # a short all-math completion is taken as the answer itself
 
 TASK_POLICIES = {  # task -> extraction policy
-    "synthetic": Policy(last_number=False, bare=False), "gsm8k": Policy(), "math": Policy(), "math500": Policy(),
-    "aime24": Policy(), "amc23": Policy(), "geo3k": Policy(), "auto": Policy()}
+    "synthetic": Policy(last_number=False, bare=False), "gsm8k": Policy(), "math": Policy(),
+    "math500": Policy(), "aime24": Policy(), "amc23": Policy(), "geo3k": Policy(), "auto": Policy()}
 
 # %% ../nbs/01_verifier.ipynb #71e30bbd
 def gold_answer(gold, # the reference: bare, `... #### N`, a solution with `\boxed{}`, or a number
@@ -404,7 +425,8 @@ def gold_answer(gold, # the reference: bare, `... #### N`, a solution with `\box
     "The bare answer in a gold reference"
     if isinstance(gold, bool) or gold is None: gold = "" if gold is None else str(gold)
     if isinstance(gold, int): return str(gold)
-    if isinstance(gold, float): return str(int(gold)) if gold.is_integer() and abs(gold) < 1e15 else repr(gold)
+    if isinstance(gold, float):
+        return str(int(gold)) if gold.is_integer() and abs(gold) < 1e15 else repr(gold)
     g = clean_text(gold)
     if "####" in g: g = g.rsplit("####", 1)[1].strip().split("\n")[0]
     elif "\\boxed" in g or "\\fbox" in g:
@@ -419,16 +441,20 @@ def gold_answer(gold, # the reference: bare, `... #### N`, a solution with `\box
     return g
 
 # %% ../nbs/01_verifier.ipynb #c794ed10
-_UNICODE = str.maketrans({"−": "-", "–": "-", "—": "-", "×": "\\times ", "·": "\\cdot ", "÷": "\\div ", "π": "\\pi ",
-                          "∞": "\\infty ", "≤": "\\le ", "≥": "\\ge ", "≠": "\\ne ", "√": "\\sqrt ", "°": "^\\circ ",
+_UNICODE = str.maketrans({"−": "-", "–": "-", "—": "-", "×": "\\times ", "·": "\\cdot ", "÷": "\\div ",
+                          "π": "\\pi ", "∞": "\\infty ", "≤": "\\le ", "≥": "\\ge ", "≠": "\\ne ",
+                          "√": "\\sqrt ", "°": "^\\circ ",
                           "\u00a0": " ", "，": ",", "＄": "$", "½": "\\frac{1}{2}", "⅓": "\\frac{1}{3}",
                           "⅔": "\\frac{2}{3}", "¼": "\\frac{1}{4}", "¾": "\\frac{3}{4}", "⅛": "\\frac{1}{8}",
-                          "±": "\\pm ", "∓": "\\mp ", "≈": "\\approx ", "∪": "\\cup ", "∩": "\\cap ", "∈": "\\in ",
-                          "²": "^2", "³": "^3", "∅": "\\emptyset ", "ℝ": "\\mathbb{R}", "⋅": "\\cdot ", "∙": "\\cdot "})
+                          "±": "\\pm ", "∓": "\\mp ", "≈": "\\approx ", "∪": "\\cup ", "∩": "\\cap ",
+                          "∈": "\\in ", "²": "^2", "³": "^3", "∅": "\\emptyset ", "ℝ": "\\mathbb{R}",
+                          "⋅": "\\cdot ", "∙": "\\cdot "})
 
 _UNIT_WORDS = re.compile(r"^(.*?[\d}\)])\s*("
-                         r"(?:(?:k|c|m)?m|ft|mi|in|yd|k?g|m?[lL])/(?:s|h|hr|min|sec)(?:\^?\{?2\}?)?|"  # km/h, m/s^2
-                         r"(?:(?!(?:arc)?(?:sin|cos|tan|cot|sec|csc|log|exp)\b)[A-Za-z]{3,}"  # a word, not a function
+                         # km/h, m/s^2
+                         r"(?:(?:k|c|m)?m|ft|mi|in|yd|k?g|m?[lL])/(?:s|h|hr|min|sec)(?:\^?\{?2\}?)?|"
+                         # a word, not a function
+                         r"(?:(?!(?:arc)?(?:sin|cos|tan|cot|sec|csc|log|exp)\b)[A-Za-z]{3,}"
                          r"|cm|mm|km|ft|in|yd|mi|kg|mg|ml|hr|oz|lb)\.?"
                          r"(?:\s+[A-Za-z]{2,}\.?){0,3})\s*(?:\^\s*\{?[23]\}?)?$")
 
@@ -444,13 +470,19 @@ def _unwrap(s: str, cmd: str) -> str:
         if k < 0: break
         j = k + len(cmd) + 1
         while j < len(s) and s[j] == " ": j += 1
-        if j >= len(s) or s[j] != "{": out.append(s[i:j]); i = j; continue
+        if j >= len(s) or s[j] != "{":
+            out.append(s[i:j])
+            i = j
+            continue
         depth, e = 0, -1
         for q in range(j, min(len(s), j + MAX_ANSWER)):
             depth += {"{": 1, "}": -1}.get(s[q], 0)
-            if depth == 0: e = q; break
+            if depth == 0:
+                e = q
+                break
         if e < 0: break
-        out.append(s[i:k] + s[j + 1:e]); i = e + 1
+        out.append(s[i:k] + s[j + 1:e])
+        i = e + 1
     return "".join(out) + s[i:]
 
 _TEXT_UNIT = re.compile(r"(.*?[\w})\]])\s*\\(text|textrm|mbox|mathrm)\s*"
@@ -459,7 +491,9 @@ _TEXT_UNIT = re.compile(r"(.*?[\w})\]])\s*\\(text|textrm|mbox|mathrm)\s*"
 def _drop_text_unit(s: str) -> str:
     "`s` without a `\\text{unit}` after a quantity (`\\mathrm{e}` and `\\mathrm{i}` are constants, not units)"
     m = _TEXT_UNIT.fullmatch(s)
-    if not m or not re.search(r"\d|\\pi", m.group(1)) or (m.group(2) == "mathrm" and m.group(3) in ("e", "i")): return s
+    if not m or not re.search(r"\d|\\pi", m.group(1)) or (m.group(2) == "mathrm"
+                                                          and m.group(3) in ("e", "i")):
+        return s
     return m.group(1)
 
 # %% ../nbs/01_verifier.ipynb #9595257c
@@ -470,7 +504,8 @@ _OR = re.compile(r"\\(?:text|textrm|mbox|mathrm)\s*\{\s*or\s*\}"
 def _interval(p: str):
     "(variable, interval) for one inequality in one variable (`x > 2`, `3 >= x`, `-1 < x <= 4`), or None"
     def side(v, op, b):  # the interval of `v op b`
-        return {"<": f"(-\\infty, {b})", "<=": f"(-\\infty, {b}]", ">": f"({b}, \\infty)", ">=": f"[{b}, \\infty)"}[op]
+        return {"<": f"(-\\infty, {b})", "<=": f"(-\\infty, {b}]", ">": f"({b}, \\infty)",
+                ">=": f"[{b}, \\infty)"}[op]
     flip = {"<": ">", "<=": ">=", ">": "<", ">=": "<="}
     if m := re.fullmatch(r"([A-Za-z])\s*(<=|>=|<|>)\s*([^<>=]+)", p): return m.group(1), side(*m.groups())
     if m := re.fullmatch(r"([^<>=]+?)\s*(<=|>=|<|>)\s*([A-Za-z])", p):
@@ -481,7 +516,8 @@ def _interval(p: str):
     return None
 
 def _inequality_union(s: str) -> str:
-    "`x < 2 or x > 3` as `(-\\infty, 2) \\cup (3, \\infty)`; `s` itself unless each part is one variable's inequality"
+    ("`x < 2 or x > 3` as `(-\\infty, 2) \\cup (3, \\infty)`; `s` itself unless each part is one variable's "
+     "inequality")
     t = s
     for pat, op in _OPS: t = re.sub(pat, op, t)
     parts = [_interval(p.strip()) for p in _OR.split(t)]
@@ -489,7 +525,8 @@ def _inequality_union(s: str) -> str:
     return " \\cup ".join(i for _, i in parts)
 
 def _approx(s: str) -> str:
-    "`s` without its approximation: `x \\approx 3.14` gives 3.14, `\\sqrt2 \\approx 1.414` the exact `\\sqrt2`"
+    ("`s` without its approximation: `x \\approx 3.14` gives 3.14, `\\sqrt2 \\approx 1.414` the exact "
+     "`\\sqrt2`")
     s = re.sub(r"^\s*\\approx(?![A-Za-z])\s*", "", s)
     m = re.fullmatch(r"(.+?)\s*\\approx(?![A-Za-z])\s*([^=]+)", s)
     if not m: return s
@@ -513,16 +550,19 @@ _TRIG = re.compile(r"\\(?:arc)?(?:sin|cos|tan|cot|sec|csc)(?![A-Za-z])")
 _DEG = r"\^\s*(?:\{\s*\\circ\s*\}|\\circ)"  # ^\circ, ^{\circ}
 _DEGREE = re.compile(_DEG + r"|\\circ(?![A-Za-z])")
 def _normalize_latex(s: str) -> str:
-    "`s` without its LaTeX dressing: delimiters, boxes, spacing, `\\left`, degrees, `\\text{}`, units and currency"
+    ("`s` without its LaTeX dressing: delimiters, boxes, spacing, `\\left`, degrees, `\\text{}`, units and "
+     "currency")
     s = clean_text(s[:MAX_ANSWER]).translate(_UNICODE).strip()
     s = re.sub(r"^\$+|\$+$|\\\(|\\\)|^\\\[|\\\]$|(?<!\\)\\$", "", s).strip()  # and a stray trailing \\
     s = re.sub(r"\\(?:boxed|fbox)\s*(?=\{)", "", s)
     s = re.sub(r"\{,\}|,\\!\s?", ",", s)  # LaTeX thousands separators: 10{,}000 and 10,\!000
     s = re.sub(r"\\(?:left|right)(?![A-Za-z])|\\(?:displaystyle|textstyle)(?![A-Za-z])", "", s)
-    if s[:1] in "([" and s[-1:] in ")]" and (m := _BRACKETED.fullmatch(s)): s = m.group(1)  # (12 dollars): 12 dollars
+    # (12 dollars): 12 dollars
+    if s[:1] in "([" and s[-1:] in ")]" and (m := _BRACKETED.fullmatch(s)): s = m.group(1)
     s = re.sub(r"(?<!\\)\\[!,;: ]|\\q?quad(?![A-Za-z])|~", " ", s)
     s = re.sub(r"\\[dt]frac(?![A-Za-z])", r"\\frac", s).replace("\\textnormal", "\\text")
-    if "angle" in s: s = re.sub(r"\\[lr]angle(?![A-Za-z])", lambda m: "(" if m.group()[1] == "l" else ")", s)  # <1, 2>
+    # <1, 2>
+    if "angle" in s: s = re.sub(r"\\[lr]angle(?![A-Za-z])", lambda m: "(" if m.group()[1] == "l" else ")", s)
     if "circ" in s:  # degrees: radians inside a trig function (sin 30° = 1/2), else only a unit to drop
         if _TRIG.search(s): s = re.sub(r"(\d+(?:\.\d+)?)\s*" + _DEG, r"(\1\\pi/180)", s)
         s = _DEGREE.sub("", s)
@@ -530,13 +570,16 @@ def _normalize_latex(s: str) -> str:
             and ("or" in s or "\\cup" in s or "\\vee" in s)):
         s = _inequality_union(s)
     s = re.sub(r",?\s*\\(?:text|textrm|mbox|mathrm)\s*\{\s*(?:or|and)\s*\}", ",", s)
-    if "cent" in s or "pct" in s: s = _PERCENT.sub("%", s)  # 40 percent, 40\text{ percent}: a percent, not a unit
-    if "m." in s or "m}" in s or "M}" in s: s = _MERIDIEM.sub(r" \1m", s)  # 3:30\text{ p.m.}: a time, not a unit
+    # 40 percent, 40\text{ percent}: a percent, not a unit
+    if "cent" in s or "pct" in s: s = _PERCENT.sub("%", s)
+    # 3:30\text{ p.m.}: a time, not a unit
+    if "m." in s or "m}" in s or "M}" in s: s = _MERIDIEM.sub(r" \1m", s)
     # a unit in \text{} goes, a phrase's words stay: 2n+1 \text{ is odd}
     if ("\\text" in s or "\\mbox" in s or "\\mathrm" in s) and not _MEANING.search(s): s = _drop_text_unit(s)
     for cmd in ("textbf", "textit", "textrm", "text", "mbox", "mathrm", "mathbf", "operatorname"):
         if "\\" + cmd in s: s = _unwrap(s, cmd)
-    if "cent" in s or "pct" in s: s = _PERCENT.sub("%", s)  # \text{30 percent}: the word sat inside with its number
+    # \text{30 percent}: the word sat inside with its number
+    if "cent" in s or "pct" in s: s = _PERCENT.sub("%", s)
     s = s.replace("\\%", "%").replace("\\$", "").replace("$", "").replace("\\textdollar", "")
     if "\\varnothing" in s: s = re.sub(r"\\varnothing(?![A-Za-z])", r"\\emptyset", s)
     if "\\approx" in s: s = _approx(s)
@@ -545,7 +588,8 @@ def _normalize_latex(s: str) -> str:
 # %% ../nbs/01_verifier.ipynb #7e21aa55
 _SCALE = {"thousand": 3, "million": 6, "billion": 9, "trillion": 12}
 def normalize_answer(s: str) -> str:
-    "`s` as a grader reads it: delimiters, spacing, units, `\\text{}`, degrees, currency and choice letters stripped"
+    ("`s` as a grader reads it: delimiters, spacing, units, `\\text{}`, degrees, currency and choice letters "
+     "stripped")
     if not isinstance(s, str): return ""
     s = s.strip()
     if _PLAIN_NUMBER.fullmatch(s): return s  # the common case, kept fast
@@ -559,13 +603,16 @@ def normalize_answer(s: str) -> str:
     m = ("illion" in s or "thousand" in s) and re.fullmatch(  # 1.5 million: a number, not a unit
         r"(-?\d+(?:\.\d+)?)\s*(thousand|million|billion|trillion)\b(.*)", s)
     if m: s = f"{Decimal(m.group(1)) * 10 ** _SCALE[m.group(2)]:f}{m.group(3)}"
-    m = re.fullmatch(r"(-?[\d.,]+)\s+(?:m|s|g|h|L|l|K|N|J|W|V)(?:\^\{?[23]\}?)?", s)  # 5 m: number, space, SI unit
+    # 5 m: number, space, SI unit
+    m = re.fullmatch(r"(-?[\d.,]+)\s+(?:m|s|g|h|L|l|K|N|J|W|V)(?:\^\{?[23]\}?)?", s)
     if m: s = m.group(1)
     m = _UNIT_WORDS.fullmatch(s)  # 18 dollars: a unit to drop, but not "2n+1 is odd"
     if m and re.search(r"\d", m.group(1)) and not m.group(2).startswith(("or ", "and ")):
         if not _MEANING.search(m.group(2)): s = m.group(1).strip()
-    if s[:1] in "oOcC": s = re.sub(r"^(?:option|choice)\s*:?\s*(?=\(?[A-Ea-e]\)?$)", "", s, flags=re.I)  # option C
-    m = re.fullmatch(r"\(?([A-Ea-e])\)(?:\s.*)?|\(([A-E])\)?|([A-E])", s)  # multiple choice: (C), C), \textbf{(C)} 12
+    # option C
+    if s[:1] in "oOcC": s = re.sub(r"^(?:option|choice)\s*:?\s*(?=\(?[A-Ea-e]\)?$)", "", s, flags=re.I)
+    # multiple choice: (C), C), \textbf{(C)} 12
+    m = re.fullmatch(r"\(?([A-Ea-e])\)(?:\s.*)?|\(([A-E])\)?|([A-E])", s)
     if m: s = next(g for g in m.groups() if g).upper()
     m = _BASE.fullmatch(s)  # a number in another base: 52_{8} -> 52_8
     if m: s = f"{m.group(1)}_{m.group(2)}"
@@ -580,7 +627,8 @@ def normalize_answer(s: str) -> str:
     return s.strip()
 
 # %% ../nbs/01_verifier.ipynb #82247455
-_NUM_RE = re.compile(r"[-+]?(?:[1-9]\d{0,2}(?:,\d{3})+|[1-9]\d{0,2}(?: \d{3})+|\d+)(?:\.\d+)?|[-+]?\.\d+")  # 1,234
+# 1,234
+_NUM_RE = re.compile(r"[-+]?(?:[1-9]\d{0,2}(?:,\d{3})+|[1-9]\d{0,2}(?: \d{3})+|\d+)(?:\.\d+)?|[-+]?\.\d+")
 def _plain(s: str) -> Fraction | None:
     if not _NUM_RE.fullmatch(s): return None
     return Fraction(s.replace(",", "").replace(" ", ""))
@@ -597,11 +645,14 @@ _INT = r"\d{1,3}(?:,\d{3})+|\d+"  # an integer, maybe with thousands separators:
 _FRAC_RE = re.compile(rf"(-?)\\frac\s*(?:\{{\s*(-?(?:{_INT}))\s*\}}|(\d))\s*(?:\{{\s*({_INT})\s*\}}|(\d))")
 _SCI_RE = re.compile(r"(.+?)\s*(?:\\times|\\cdot|\*|x)\s*10\s*\^\s*\{?\s*(-?\d{1,3})\s*\}?")
 _E_RE = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)[eE][-+]?\d{1,3}")  # 2.5e3
-_POWER = re.compile(r"([1-9]\d{0,3})\s*\^\s*(?:\{\s*(-?\d{1,2})\s*\}|(\d))")  # 10^3, 2^{10}: at most 400 digits
+# 10^3, 2^{10}: at most 400 digits
+_POWER = re.compile(r"([1-9]\d{0,3})\s*\^\s*(?:\{\s*(-?\d{1,2})\s*\}|(\d))")
 _MIXED = re.compile(r"([-+]?)(\d{1,3}(?: \d{3})+|\d+) (\d+)/(\d+)")  # 2 1/2, 1 000 4/9
-def _proper(m: re.Match) -> bool: return int(m.group(3)) < int(m.group(4))  # 11 6/6 and 4 4/0 are no mixed numbers
+# 11 6/6 and 4 4/0 are no mixed numbers
+def _proper(m: re.Match) -> bool: return int(m.group(3)) < int(m.group(4))
 def to_number(s: str) -> Fraction | None:
-    "`s` as an exact `Fraction` if it is a plain number (1,234, 2.5, 3/4, \\frac34, 2\\frac12, 50%, $7, 1.5\\times10^3)"
+    ("`s` as an exact `Fraction` if it is a plain number (1,234, 2.5, 3/4, \\frac34, 2\\frac12, 50%, $7, "
+     "1.5\\times10^3)")
     if not isinstance(s, str): return None
     s = s.strip()
     if len(s) > 64 or ", " in s: return None  # 41, 207 is two numbers, not 41207
@@ -617,7 +668,8 @@ def to_number(s: str) -> Fraction | None:
             num, den = (int(x.replace(",", "")) for x in (m.group(2) or m.group(3), m.group(4) or m.group(5)))
             v = Fraction(-num if m.group(1) else num, den) if den else None
         elif re.fullmatch(rf"-?(?:{_INT})/(?:{_INT})", s):  # 3/4, 1,000/3,000
-            n, d = s.replace(",", "").split("/"); v = Fraction(int(n), int(d)) if int(d) else None
+            n, d = s.replace(",", "").split("/")
+            v = Fraction(int(n), int(d)) if int(d) else None
         elif ((m := re.fullmatch(r"(-?)(\d+)\\frac(?:\{(\d+)\}|(\d))(?:\{(\d+)\}|(\d))", s))
               and int(m.group(5) or m.group(6))):  # 2\frac{1}{2}, 2\frac12
             v = int(m.group(2)) + Fraction(int(m.group(3) or m.group(4)), int(m.group(5) or m.group(6)))
@@ -645,7 +697,9 @@ def _split_top(s: str) -> list[str]:
     parts, depth, cur = [], 0, []
     for ch in s:
         depth += ch in "([{" and 1 or ch in ")]}" and -1 or 0
-        if ch == "," and depth == 0: parts.append("".join(cur)); cur = []
+        if ch == "," and depth == 0:
+            parts.append("".join(cur))
+            cur = []
         else: cur.append(ch)
     return parts + ["".join(cur)]
 
@@ -672,17 +726,20 @@ def answer_forms(s: str, other: str) -> list[str]:
     n, o = normalize_answer(s), normalize_answer(other)
     forms = [n]
     if "=" in n and "=" not in o and len(n) < 300:
-        if m := _ASSIGN.fullmatch(n): forms.append(m.group(1).strip())  # x = 10,080: one value, commas and all
+        # x = 10,080: one value, commas and all
+        if m := _ASSIGN.fullmatch(n): forms.append(m.group(1).strip())
         parts = _split_top(n)
         rhs = [_ASSIGN.fullmatch(p) or _ASSIGN_R.fullmatch(p) for p in parts]
         if all(rhs): forms.append(", ".join(m.group(1).strip() for m in rhs))
-        if len(parts) == 1 and (side := _EQUALS.split(n)[-1].strip()): forms.append(side)  # 85 \bmod 3 = 2: the 2
+        # 85 \bmod 3 = 2: the 2
+        if len(parts) == 1 and (side := _EQUALS.split(n)[-1].strip()): forms.append(side)
     elif "=" in n and (m := _FUNC_EQ.fullmatch(n)) and _FUNC_EQ.fullmatch(o): forms.append(m.group(1).strip())
     if _BASE.fullmatch(n) and "_" not in o: forms.append(n.split("_")[0])  # 52_8 vs 52: the base was implied
     # 6 p.m. against a bare number: the hour as written (against a time, `_clock` compares it as 18:00)
     if n[-1:] in "mM" and (m := _HOUR.fullmatch(n)) and _PLAIN_NUMBER.fullmatch(o): forms.append(m.group(1))
     m = _COLUMN.fullmatch(n)
-    if m and o.startswith("("): forms.append("(" + ", ".join(x.strip() for x in m.group(1).split("\\\\")) + ")")
+    if m and o.startswith("("):
+        forms.append("(" + ", ".join(x.strip() for x in m.group(1).split("\\\\")) + ")")
     if "\\pm" not in o and "\\mp" not in o:  # 1 \pm \sqrt2 is two answers: 1+\sqrt2, 1-\sqrt2
         forms += list(map(_expand_pm, forms))
     return list(dict.fromkeys(forms))
@@ -696,13 +753,15 @@ def _terminating(q: Fraction) -> bool:
 
 _COMMA = re.compile(r"-?\d+,\d+")
 def _comma_decimal(s: str) -> Fraction | None:
-    "`s` read with a decimal comma (3,75; 2500,5; 0,111) when it cannot be a thousands separator (1,250 stays 1250)"
+    ("`s` read with a decimal comma (3,75; 2500,5; 0,111) when it cannot be a thousands separator (1,250 "
+     "stays 1250)")
     s = s.strip()
     if not _COMMA.fullmatch(s) or re.fullmatch(r"-?[1-9]\d{0,2}(?:,\d{3})+", s): return None
     return Fraction(s.replace(",", "."))
 
 def _rounds_to(s: str, v: Fraction, exact: Fraction, places: int) -> bool:
-    "Is the decimal `s` (value `v`) `exact` rounded half-up to its own decimals, with at least `places` of them?"
+    ("Is the decimal `s` (value `v`) `exact` rounded half-up to its own decimals, with at least `places` "
+     "of them?")
     k = len(s.strip().rstrip("%").split(".")[-1])
     if "." not in s or k < places: return False
     q = abs(exact) * 10 ** k + Fraction(1, 2)
@@ -716,11 +775,14 @@ def numbers_equal(a: str, b: str, places: int = 4) -> bool | None:
     if x is None or y is None: return None
     if x == y: return True
     pa, pb = a.rstrip().endswith("%"), b.rstrip().endswith("%")
-    if pa != pb and ((pa and x * 100 == y) or (pb and y * 100 == x)): return True  # 50% vs 50; but 25% is not 0.25%
-    decimal = lambda s: "." in s and "/" not in s and "frac" not in s and "overline" not in s and "bar" not in s
+    # 50% vs 50; but 25% is not 0.25%
+    if pa != pb and ((pa and x * 100 == y) or (pb and y * 100 == x)): return True
+    decimal = lambda s: ("." in s and "/" not in s and "frac" not in s and "overline" not in s
+                         and "bar" not in s)
     if (decimal(a) and not _terminating(y) and _rounds_to(a, x, y, places)) or (
             decimal(b) and not _terminating(x) and _rounds_to(b, y, x, places)): return True  # 0.3333 for 1/3
-    if (decimal(a) and not _terminating(y)) or (decimal(b) and not _terminating(x)): return None  # rounding question
+    # rounding question
+    if (decimal(a) and not _terminating(y)) or (decimal(b) and not _terminating(x)): return None
     return False
 
 # %% ../nbs/01_verifier.ipynb #586e8be4
@@ -742,7 +804,8 @@ def _entries(f: str):
     return None
 
 def _entrywise(p: str, g: str) -> bool:
-    "Do two tuples, intervals or matrices of the same shape hold equal numbers, decimals at their own precision (2+)?"
+    ("Do two tuples, intervals or matrices of the same shape hold equal numbers, decimals at their own "
+     "precision (2+)?")
     a, b = _entries(p), _entries(g)
     if not (a and b and a[0] == b[0]): return False
     return all(numbers_equal(x, y, places=2) for x, y in zip(a[1], b[1], strict=True))
@@ -761,11 +824,13 @@ def _clock(s: str) -> int | None:
     return (h * 60 + int(m.group(2) or 0)) * 60 + int(m.group(3) or 0)
 
 # %% ../nbs/01_verifier.ipynb #907c44e5
-_PROSE = re.compile(r"((?<![\\A-Za-z{])(?:[a-z]{2,}|[A-Z][a-z]+)(?![A-Za-z]))")  # a word outside LaTeX commands
+# a word outside LaTeX commands
+_PROSE = re.compile(r"((?<![\\A-Za-z{])(?:[a-z]{2,}|[A-Z][a-z]+)(?![A-Za-z]))")
 def _is_phrase(s: str) -> bool: return " " in s.strip() and bool(_PROSE.search(s))
 
 def _same_phrase(p: str, g: str) -> bool:
-    "Do two phrases (`2n+1 is odd`) say the same: the same words, with the same formulas or numbers between them?"
+    ("Do two phrases (`2n+1 is odd`) say the same: the same words, with the same formulas or numbers "
+     "between them?")
     a, b = _PROSE.split(p), _PROSE.split(g)  # [formula, word, formula, word, ..., formula]
     if len(a) != len(b) or [w.lower() for w in a[1::2]] != [w.lower() for w in b[1::2]]: return False
     pairs = [(x.strip(" ,;:."), y.strip(" ,;:.")) for x, y in zip(a[::2], b[::2], strict=True)]
@@ -775,19 +840,24 @@ def _same_phrase(p: str, g: str) -> bool:
 def quick_equal(pred: str, gold: str) -> bool | None:
     "Fast verdict on `pred` vs `gold`: True, False, or None when symbolic equivalence must decide"
     if not isinstance(pred, str) or not isinstance(gold, str): return False
-    if len(pred) > MAX_ANSWER or len(gold) > MAX_ANSWER: return pred.strip() == gold.strip() != ""  # too long to parse
+    # too long to parse
+    if len(pred) > MAX_ANSWER or len(gold) > MAX_ANSWER: return pred.strip() == gold.strip() != ""
     ps, gs = answer_forms(pred, gold), answer_forms(gold, pred)
     if not ps[0] or not gs[0]: return False
     if any(_key(p) == _key(g) for p in ps for g in gs): return True
-    if _BASE.fullmatch(ps[0]) and _BASE.fullmatch(gs[0]): return False  # 52_8 vs 52_9, or 41_8 vs 52_7: not the same
-    if {_shape(ps[0]), _shape(gs[0])} == {"set", "tuple"}: return False  # the point (1, 2) is not the set {1, 2}
-    if ("/" in ps[0] or "/" in gs[0]) and (_broken_mixed(ps[0]) or _broken_mixed(gs[0])): return False  # 11 6/6
+    # 52_8 vs 52_9, or 41_8 vs 52_7: not the same
+    if _BASE.fullmatch(ps[0]) and _BASE.fullmatch(gs[0]): return False
+    # the point (1, 2) is not the set {1, 2}
+    if {_shape(ps[0]), _shape(gs[0])} == {"set", "tuple"}: return False
+    # 11 6/6
+    if ("/" in ps[0] or "/" in gs[0]) and (_broken_mixed(ps[0]) or _broken_mixed(gs[0])): return False
     if ps[0][:1] in "([\\" and gs[0][:1] in "([\\" and _entrywise(ps[0], gs[0]): return True  # (0.6, 2.6667]
     verdicts = [numbers_equal(p, g) for p in ps for g in gs]
     if True in verdicts: return True
     if None not in verdicts: return False
     if (a := _clock(ps[0])) is not None and (b := _clock(gs[0])) is not None: return a == b  # times of day
-    if " " in gs[0] and _is_phrase(gs[0]): return _is_phrase(ps[0]) and _same_phrase(ps[0], gs[0])  # as written
+    # as written
+    if " " in gs[0] and _is_phrase(gs[0]): return _is_phrase(ps[0]) and _same_phrase(ps[0], gs[0])
     words = re.compile(r"[A-Za-z][A-Za-z '\-]*")
     if all(words.fullmatch(x) for x in (ps[0], gs[0])): return False  # two different words
     if len(ps[0]) >= MAX_ANSWER or len(gs[0]) >= MAX_ANSWER: return False
@@ -819,28 +889,32 @@ def too_big(s: str) -> bool:
 _MV = {}  # math-verify's functions and config, imported once per process
 def _mv():
     if not _MV:
-        logging.getLogger("math_verify").setLevel(logging.CRITICAL)  # it warns when its own (signal) timeout is off
+        # it warns when its own (signal) timeout is off
+        logging.getLogger("math_verify").setLevel(logging.CRITICAL)
         from math_verify import LatexExtractionConfig, parse, verify
         from latex2sympy2_extended import NormalizationConfig
         # units=False: its unit list holds single letters (a, c, d, h, m, s, t ...), so `2ab` would parse as 2 and
         # `4a+3d` as 4a+3; `normalize_answer` drops real units itself
-        norm = NormalizationConfig(basic_latex=True, units=False, malformed_operators=True, nits=True, boxed="all",
-                                   equations=False)
+        norm = NormalizationConfig(basic_latex=True, units=False, malformed_operators=True, nits=True,
+                                   boxed="all", equations=False)
         _MV.update(parse=parse, verify=verify,
                    cfg=[LatexExtractionConfig(boxed_match_priority=0, normalization_config=norm)])
     return _MV
 
 _LETTER = re.compile(r"\\[A-Za-z]+|[A-Za-z]")
 def _imaginary(s: str) -> str:
-    "`s` with `i` as `I`, the parser's imaginary unit, when it is the only variable: `i^2` is -1, `x_i` keeps its index"
+    ("`s` with `i` as `I`, the parser's imaginary unit, when it is the only variable: `i^2` is -1, `x_i` "
+     "keeps its index")
     if "i" not in s: return s
     letters = {t for t in _LETTER.findall(s) if not t.startswith("\\")}
     if "i" not in letters or letters - {"i", "e"}: return s
-    return re.sub(r"(?<![\\A-Za-z])i(?![A-Za-z])", "(I)", s)  # in parentheses: the parser drops the power of a bare I^2
+    # in parentheses: the parser drops the power of a bare I^2
+    return re.sub(r"(?<![\\A-Za-z])i(?![A-Za-z])", "(I)", s)
 
 _DECIMAL = re.compile(r"(?<![\d.])(\d{0,15})\.(\d{1,15})(?![\d.])")  # 2.5 and .5
 def _exact(s: str) -> str:
-    "`s` with each decimal inside an expression written as a fraction, so that `\\sqrt{2.5}` is exactly `\\sqrt{10}/2`"
+    ("`s` with each decimal inside an expression written as a fraction, so that `\\sqrt{2.5}` is exactly "
+     "`\\sqrt{10}/2`")
     if "." not in s or _PLAIN_NUMBER.fullmatch(s.strip()): return s
     return _DECIMAL.sub(lambda m: f"\\frac{{{int(m.group(1) + m.group(2))}}}{{{10 ** len(m.group(2))}}}", s)
 
@@ -852,23 +926,27 @@ def _parse_latex(s: str):
 
 def symbolic_equal(preds: list[str], # normalized forms of the prediction
                    golds: list[str]) -> bool: # normalized forms of the gold answer
-    "Is some form of the prediction equivalent to some form of the gold answer, by math-verify (LaTeX parser only)?"
+    ("Is some form of the prediction equivalent to some form of the gold answer, by math-verify (LaTeX "
+     "parser only)?")
     mv = _mv()
     for g in golds:
         pg = _parse_latex(g)
         if not pg: continue
         for p in preds:
             pp = _parse_latex(p)
-            if pp and mv["verify"](list(pg), list(pp), timeout_seconds=None, allow_set_relation_comp=True): return True
+            if pp and mv["verify"](list(pg), list(pp), timeout_seconds=None, allow_set_relation_comp=True):
+                return True
     return False
 
 def _dollars(s: str) -> str:
-    "`s` wrapped in `$...$` if it is a bare answer without delimiters (math-verify's README wraps its inputs so)"
+    ("`s` wrapped in `$...$` if it is a bare answer without delimiters (math-verify's README wraps its "
+     "inputs so)")
     has = any(t in s for t in ("$", "\\boxed", "\\fbox", "\\(", "\\[", "####"))
     return s if has or not looks_bare(s) else f"${s}$"
 
 def plain_math_verify(pred: str, gold: str) -> bool:
-    "Plain math-verify with its default settings: `verify(parse(gold), parse(pred))`, bare answers wrapped in `$...$`"
+    ("Plain math-verify with its default settings: `verify(parse(gold), parse(pred))`, bare answers wrapped "
+     "in `$...$`")
     from math_verify import parse, verify
     return bool(verify(parse(_dollars(gold)), parse(_dollars(pred))))
 
@@ -915,11 +993,13 @@ def _serve(conn, parent_end=None):
         conn.send(res)
 
 # %% ../nbs/01_verifier.ipynb #92961d4b
-_WARM_CASES = [("\\frac{1}{2}", "0.5"), ("x > 2", "(2,\\infty)"), ("(x+1)^2", "x^2+2x+1"), ("\\{1,2\\}", "2,1"),
+_WARM_CASES = [("\\frac{1}{2}", "0.5"), ("x > 2", "(2,\\infty)"),
+               ("(x+1)^2", "x^2+2x+1"), ("\\{1,2\\}", "2,1"),
                ("y=2x+3", "y=3+2x"), ("\\sqrt{8}", "2\\sqrt{2}"), ("1+2i", "2i+1"), ("(1,2)", "(1,2)"),
                ("\\begin{pmatrix}1\\\\2\\end{pmatrix}", "\\begin{pmatrix}1\\\\2\\end{pmatrix}")]
 def _warm_up():
-    "Import math-verify and run each kind of comparison once in this process, so that forked workers start warm"
+    ("Import math-verify and run each kind of comparison once in this process, so that forked workers "
+     "start warm")
     if "warm" not in _MV:
         for p, g in _WARM_CASES: symbolic_equal([p], [g])
         _MV["warm"] = True
@@ -928,13 +1008,15 @@ def have_math_verify() -> bool:
     "Is math-verify installed? Without it symbolic checks answer False, with one warning"
     ok = importlib.util.find_spec("math_verify") is not None
     if not ok and not _MV.get("warned"):
-        warnings.warn("math-verify is not installed (pip install 'math-verify[antlr4_13_2]'): answers that need "
-                      "symbolic equivalence are graded as wrong", stacklevel=1); _MV["warned"] = True
+        warnings.warn("math-verify is not installed (pip install 'math-verify[antlr4_13_2]'): answers "
+                      "that need symbolic equivalence are graded as wrong", stacklevel=1)
+        _MV["warned"] = True
     return ok
 
 # %% ../nbs/01_verifier.ipynb #0f6b9ba7
 class SymbolicPool:
-    "Worker processes that run symbolic checks under a hard time limit; a worker that overruns is killed and replaced"
+    ("Worker processes that run symbolic checks under a hard time limit; a worker that overruns is killed "
+     "and replaced")
     def __init__(self, n: int = 1, # worker processes (checks run in parallel up to this many)
                  method: str | None = None): # multiprocessing start method; default fork on Linux, else spawn
         self.method = method or ("fork" if sys.platform == "linux" else "spawn")
@@ -948,16 +1030,19 @@ class SymbolicPool:
     def _start(self, i: int):
         if self.method == "fork": _warm_up()
         a, b = self.ctx.Pipe()
-        p = self.ctx.Process(target=_serve, args=(b, a if self.method == "fork" else None), name=f"bppo-verifier-{i}",
-                             daemon=not mp.current_process().daemon)
-        p.start(); b.close()
+        p = self.ctx.Process(target=_serve, args=(b, a if self.method == "fork" else None),
+                             name=f"bppo-verifier-{i}", daemon=not mp.current_process().daemon)
+        p.start()
+        b.close()
         self.workers[i] = (p, a)
 
     def _kill(self, i: int):
         w, self.workers[i] = self.workers[i], None
         if w is None: return
         p, conn = w
-        try: p.kill(); p.join(1.0)
+        try:
+            p.kill()
+            p.join(1.0)
         except (OSError, ValueError, AssertionError): pass
         conn.close()
 
@@ -974,10 +1059,15 @@ class SymbolicPool:
             while todo or busy:
                 for i in range(len(self.workers)):
                     if i in busy or not todo: continue
-                    j, t0 = todo.popleft(), time.monotonic()  # starting a worker counts against the job's time
-                    if not self._alive(i): self._kill(i); self._start(i)
+                    # starting a worker counts against the job's time
+                    j, t0 = todo.popleft(), time.monotonic()
+                    if not self._alive(i):
+                        self._kill(i)
+                        self._start(i)
                     try: self.workers[i][1].send((*jobs[j], timeout))
-                    except (OSError, ValueError): self._kill(i); continue  # died between check and send: no verdict
+                    except (OSError, ValueError):  # died between check and send: no verdict
+                        self._kill(i)
+                        continue
                     busy[i] = (j, t0 + timeout + HARD_MARGIN)
                     self.jobs += 1
                 if not busy: continue
@@ -990,7 +1080,10 @@ class SymbolicPool:
                         except (EOFError, OSError): self._kill(i)  # crashed (e.g. a native stack overflow)
                 now = time.monotonic()
                 for i, (_, d) in list(busy.items()):
-                    if now >= d: busy.pop(i); self._kill(i); self.kills += 1
+                    if now >= d:
+                        busy.pop(i)
+                        self._kill(i)
+                        self.kills += 1
             return results
 
     def close(self):
@@ -1020,10 +1113,14 @@ class _LRU:
         self.d, self.maxsize, self.hits, self.lock = OrderedDict(), maxsize, 0, threading.Lock()
     def get(self, k):
         with self.lock:
-            if k in self.d: self.d.move_to_end(k); self.hits += 1; return self.d[k]
+            if k in self.d:
+                self.d.move_to_end(k)
+                self.hits += 1
+                return self.d[k]
     def put(self, k, v):
         with self.lock:
-            self.d[k] = v; self.d.move_to_end(k)
+            self.d[k] = v
+            self.d.move_to_end(k)
             if len(self.d) > self.maxsize: self.d.popitem(last=False)
 
 CACHE = _LRU(100_000)  # (pred forms, gold forms) -> symbolic verdict
@@ -1044,7 +1141,8 @@ def check_format(text: str, how: str | None, rule: str = "answer") -> bool:
 
 # %% ../nbs/01_verifier.ipynb #a98b9147
 def _phrase_reply(text: str, gold: str) -> str | None:
-    "The part of `text` that says the phrase gold `gold` (`$n$ is even`): one line, or what follows 'answer is'"
+    ("The part of `text` that says the phrase gold `gold` (`$n$ is even`): one line, or what follows "
+     "'answer is'")
     if not _is_phrase(normalize_answer(gold)): return None
     cands = [text] if "\n" not in text.strip() and len(text) <= 300 else []
     if "nswer" in text: cands += [m.group(1) for m in list(_PHRASE.finditer(text))[-1:]]
@@ -1055,8 +1153,10 @@ def _phrase_reply(text: str, gold: str) -> str | None:
 
 # %% ../nbs/01_verifier.ipynb #186ed6aa
 def _prepare(completion, gold, task: str, format_rule: str):
-    "(extracted, format_ok, verdict or None, job) for one pair; the job is for a worker when the verdict is None"
-    if task not in TASK_POLICIES: raise ValueError(f"unknown task {task!r}; choose from {', '.join(TASK_POLICIES)}")
+    ("(extracted, format_ok, verdict or None, job) for one pair; the job is for a worker when the "
+     "verdict is None")
+    if task not in TASK_POLICIES:
+        raise ValueError(f"unknown task {task!r}; choose from {', '.join(TASK_POLICIES)}")
     if format_rule not in FORMAT_RULES:
         raise ValueError(f"unknown format_rule {format_rule!r}; choose from {', '.join(FORMAT_RULES)}")
     pol, text = TASK_POLICIES[task], clean_text(completion)
@@ -1064,7 +1164,8 @@ def _prepare(completion, gold, task: str, format_rule: str):
     pred, how = extract_answer(part, pol.last_number, bare=pol.bare)
     fmt = check_format(text, how, format_rule)
     g = gold_answer(gold, task)
-    if " " in g and (said := _phrase_reply(part, g)) is not None: return said, fmt, True, None  # a phrase, as written
+    # a phrase, as written
+    if " " in g and (said := _phrase_reply(part, g)) is not None: return said, fmt, True, None
     if pred is None: return None, fmt, False, None
     verdict = quick_equal(pred, g)
     if verdict is not None: return pred, fmt, verdict, None
@@ -1101,9 +1202,11 @@ def score_batch(completions: list[str], # one response per sample
                 format_weight: float = 0.0, format_rule: str = "answer", correct_weight: float = 1.0,
                 workers: int | None = None) -> list[Score]: # worker processes (default `DEFAULT_WORKERS`)
     "Scores for a batch: fast path in-process, the distinct symbolic checks in parallel worker processes"
-    if len(completions) != len(golds): raise ValueError(f"{len(completions)} completions but {len(golds)} answers")
+    if len(completions) != len(golds):
+        raise ValueError(f"{len(completions)} completions but {len(golds)} answers")
     tasks = list(task) if isinstance(task, (list, tuple)) else [task] * len(completions)
-    if len(tasks) != len(completions): raise ValueError(f"{len(tasks)} tasks for {len(completions)} completions")
+    if len(tasks) != len(completions):
+        raise ValueError(f"{len(tasks)} tasks for {len(completions)} completions")
     prep = [_prepare(c, g, t, format_rule) for c, g, t in zip(completions, golds, tasks, strict=True)]
     todo = list(dict.fromkeys(p[3] for p in prep if p[3] is not None and CACHE.get(p[3]) is None))
     if todo:
@@ -1133,7 +1236,8 @@ def reward_fn(completions: list, # one response per sample: a string or a list o
               task: str | list[str] = "auto", # extraction policy, or a per-sample column
               **kwargs) -> list[float]:
     "Rewards for a batch, with TRL's reward-function signature (extra columns arrive as keyword arguments)"
-    if len(completions) != len(answer): raise ValueError(f"{len(completions)} completions but {len(answer)} answers")
+    if len(completions) != len(answer):
+        raise ValueError(f"{len(completions)} completions but {len(answer)} answers")
     opts = {k: kwargs[k] for k in ("timeout", "format_weight", "format_rule", "correct_weight", "workers")
             if k in kwargs}
     return [s.reward for s in score_batch([_content(c) for c in completions], list(answer), task, **opts)]
@@ -1147,7 +1251,8 @@ def agreement(cases: list, # (gold, prediction, expected) rows
         jobs = [("plain", (p,), (g,)) for g, p, _ in cases]
         got = [bool(r) for r in get_pool(workers or DEFAULT_WORKERS).run(jobs, timeout)]
     else:
-        scores = score_batch([p for _, p, _ in cases], [g for g, _, _ in cases], timeout=timeout, workers=workers)
+        scores = score_batch([p for _, p, _ in cases], [g for g, _, _ in cases],
+                             timeout=timeout, workers=workers)
         got = [s.correct for s in scores]
     wrong = [(g, p, e) for (g, p, e), r in zip(cases, got, strict=True) if r != e]
     return 1 - len(wrong) / len(cases), wrong

@@ -17,7 +17,8 @@ __all__ = ['SECTIONS', 'SHOWN', 'SHOWN_PATTERNS', 'HIDDEN', 'LABELS', 'UI_RANGES
 
 # %% ../nbs/13_widgets.ipynb #cb59ba1c
 def has_frontend() -> bool:
-    "True where ipywidgets can render: the package is importable and we run in a Jupyter (ZMQ) kernel, not under a test"
+    ("True where ipywidgets can render: the package is importable and we run in a Jupyter (ZMQ) kernel, not "
+     "under a test")
     if os.environ.get("IN_TEST") or os.environ.get("BPPO_NO_WIDGETS"): return False
     if importlib.util.find_spec("ipywidgets") is None: return False
     try: from IPython import get_ipython
@@ -26,10 +27,11 @@ def has_frontend() -> bool:
     return ip is not None and type(ip).__name__ == "ZMQInteractiveShell"
 
 # %% ../nbs/13_widgets.ipynb #496d28e8
-SECTIONS = ("algo", "rollout", "train", "data")  # config sections the panel offers (model and sft are fixed here)
-SHOWN = ["algo.name", "rollout.group_size", "train.prompts_per_step", "train.steps", "train.lr", "algo.eps_low",
-         "algo.eps_high", "algo.prefix_mode", "algo.prefix_ratio", "rollout.temperature", "rollout.max_new_tokens",
-         "train.seed", "data.eval_size", "train.eval_every"]
+# config sections the panel offers (model and sft are fixed here)
+SECTIONS = ("algo", "rollout", "train", "data")
+SHOWN = ["algo.name", "rollout.group_size", "train.prompts_per_step", "train.steps", "train.lr",
+         "algo.eps_low", "algo.eps_high", "algo.prefix_mode", "algo.prefix_ratio", "rollout.temperature",
+         "rollout.max_new_tokens", "train.seed", "data.eval_size", "train.eval_every"]
 SHOWN_PATTERNS = ("window",)  # e.g. a T-PPO window length joins the curated list as soon as the config has it
 HIDDEN = {"train.out"}  # set by the panel: one run folder per run
 LABELS = {"algo.name": "algorithm", "train.prompts_per_step": "prompts per step",
@@ -40,14 +42,17 @@ UI_RANGES = {  # key -> (low, high, step, log scale); clipped to the field's own
     "algo.eps_low": (0.01, 0.5, 0.01, False), "algo.eps_high": (0.01, 0.5, 0.01, False),
     "algo.prefix_ratio": (0.05, 1.0, 0.05, False), "algo.prefix_ratio_end": (0.05, 1.0, 0.05, False),
     "rollout.temperature": (0.1, 2.0, 0.05, False), "rollout.max_new_tokens": (16, 512, 8, False),
-    "train.seed": (0, 99, 1, False), "data.eval_size": (0, 200, 1, False), "train.eval_every": (0, 50, 1, False),
+    "train.seed": (0, 99, 1, False), "data.eval_size": (0, 200, 1, False),
+    "train.eval_every": (0, 50, 1, False),
     "algo.beta": (0.0, 0.5, 0.01, False), "rollout.top_p": (0.05, 1.0, 0.05, False),
-    "rollout.window": (0, 160, 8, False),  # T-PPO's window length, where the config has it (0 = whole responses)
+    # T-PPO's window length, where the config has it (0 = whole responses)
+    "rollout.window": (0, 160, 8, False),
 }
 
 def panel_fields(cfg: Config) -> tuple[list[str], list[str]]:
     "Dotted keys of the fields the panel offers: (shown up front, under 'more settings')"
-    keys = [f"{s}.{f.name}" for s in SECTIONS for f in fields(getattr(cfg, s)) if f"{s}.{f.name}" not in HIDDEN]
+    keys = [f"{s}.{f.name}" for s in SECTIONS for f in fields(getattr(cfg, s))
+            if f"{s}.{f.name}" not in HIDDEN]
     shown = ([k for k in SHOWN if k in keys]
              + [k for k in keys if k not in SHOWN and any(p in k for p in SHOWN_PATTERNS)])
     return shown, [k for k in keys if k not in shown]
@@ -58,16 +63,20 @@ def _field(cfg: Config, key: str):
     return next(f for f in fields(getattr(cfg, s)) if f.name == n)
 
 def widget_spec(cfg: Config, key: str) -> dict:
-    "The control for config field `key`: kind (dropdown, checkbox, text, int/float/log slider, int/float box), range"
-    f = _field(cfg, key); m = f.metadata
-    if key == "algo.name": return dict(kind="dropdown", options=algorithm_names())  # every registered algorithm
+    ("The control for config field `key`: kind (dropdown, checkbox, text, int/float/log slider, int/float "
+     "box), range")
+    f = _field(cfg, key)
+    m = f.metadata
+    # every registered algorithm
+    if key == "algo.name": return dict(kind="dropdown", options=algorithm_names())
     if key == "rollout.engine": return dict(kind="dropdown", options=list(ENGINES))  # ... and engine
     if m.get("choices"): return dict(kind="dropdown", options=list(m["choices"]))
     if f.type in ("bool", "str"): return dict(kind="checkbox" if f.type == "bool" else "text")
     is_int = f.type == "int"
     lo = m["ge"] if m.get("ge") is not None else m.get("gt")
     hi = m["le"] if m.get("le") is not None else m.get("lt")
-    if key not in UI_RANGES and (is_int or lo is None or hi is None):  # a number box, bounded where the config is
+    # a number box, bounded where the config is
+    if key not in UI_RANGES and (is_int or lo is None or hi is None):
         if m.get("gt") is not None: lo = m["gt"] + 1 if is_int else math.nextafter(m["gt"], math.inf)
         if m.get("lt") is not None: hi = m["lt"] - 1 if is_int else math.nextafter(m["lt"], -math.inf)
         return dict(kind="int_box" if is_int else "float_box", min=lo, max=hi)
@@ -103,15 +112,20 @@ def plot_runs(runs: list[RunRecord], size=(13, 3.2)):
     fig = Figure(figsize=size, dpi=80)
     ax = fig.subplots(1, 4)
     for i, r in enumerate(runs):
-        col, st = f"C{i % 10}", [row["step"] for row in r.steps]  # step s: sampled after s updates, like eval at s
+        # step s: sampled after s updates, like eval at s
+        col, st = f"C{i % 10}", [row["step"] for row in r.steps]
         ax[0].plot(st, [row["accuracy"] for row in r.steps], color=col, alpha=.45)
-        if r.evals: ax[0].plot([e["step"] for e in r.evals], [e["accuracy"] for e in r.evals], "o--", color=col, ms=4)
+        if r.evals:
+            ax[0].plot([e["step"] for e in r.evals], [e["accuracy"] for e in r.evals], "o--", color=col, ms=4)
         ax[1].plot(st, [row["reward_mean"] for row in r.steps], color=col, label=r.label or r.name)
         ax[2].plot(st, [row["response_tokens_mean"] for row in r.steps], color=col)
         ax[3].plot(st, [row["wall_s"] for row in r.steps], color=col)
     titles = ["accuracy (line: batch, dots: eval)", "mean reward", "response tokens", "seconds per step"]
     for a, t in zip(ax, titles):
-        a.set_title(t, fontsize=9); a.set_xlabel("step", fontsize=8); a.grid(alpha=.3); a.tick_params(labelsize=7)
+        a.set_title(t, fontsize=9)
+        a.set_xlabel("step", fontsize=8)
+        a.grid(alpha=.3)
+        a.tick_params(labelsize=7)
         a.xaxis.set_major_locator(MaxNLocator(integer=True))
     if runs: ax[1].legend(fontsize=7)
     fig.tight_layout()
@@ -120,12 +134,14 @@ def plot_runs(runs: list[RunRecord], size=(13, 3.2)):
 def fig_png(fig) -> bytes:
     "PNG bytes of a Figure"
     from matplotlib.backends.backend_agg import FigureCanvasAgg
-    buf = io.BytesIO(); FigureCanvasAgg(fig).print_png(buf)
+    buf = io.BytesIO()
+    FigureCanvasAgg(fig).print_png(buf)
     return buf.getvalue()
 
 # %% ../nbs/13_widgets.ipynb #a3821468
 class Panel:
-    "Hyperparameter controls, Run / Stop / Clear, and a live plot of every run; text where widgets cannot render"
+    ("Hyperparameter controls, Run / Stop / Clear, and a live plot of every run; text where widgets "
+     "cannot render")
     def __init__(self, preset: str = "cpu-demo", # the starting config
                  overrides: list[str] | None = None, # `key=value` strings on top of it
                  out: str | Path = "runs/panel"): # each run gets a folder under it
@@ -138,7 +154,8 @@ class Panel:
     def set(self, key: str, value):
         "Set config field `key` (checked); the matching control follows"
         set_value(self.cfg, key, value)
-        if self._ui and key in self._ui["controls"]: self._ui["controls"][key].value = getattr(*self._part(key))
+        if self._ui and key in self._ui["controls"]:
+            self._ui["controls"][key].value = getattr(*self._part(key))
         return self
 
     @property
@@ -154,7 +171,8 @@ class Panel:
         rec = RunRecord(name, cfg, label=self._label(name, cfg))
         self.runs.append(rec)
         self._stop = threading.Event()
-        rec.thread = threading.Thread(target=self._work, args=(rec, self._stop), name=f"bppo-{name}", daemon=True)
+        rec.thread = threading.Thread(target=self._work, args=(rec, self._stop),
+                                      name=f"bppo-{name}", daemon=True)
         rec.thread.start()
         if blocking: self.wait()
         return rec
@@ -168,24 +186,29 @@ class Panel:
 
     def stop(self):
         "Ask the current run to stop after its current step"
-        self._stop.set(); self.message = "stopping after this step…"; self._refresh(force=True)
+        self._stop.set()
+        self.message = "stopping after this step…"
+        self._refresh(force=True)
 
     def clear(self):
         "Forget every run (their folders stay on disk)"
         if self.busy: raise RuntimeError("a run is in progress: stop it first")
-        self.runs.clear(); self.message = ""; self._refresh(force=True)
+        self.runs.clear()
+        self.message = ""
+        self._refresh(force=True)
 
     def summary(self) -> str:
-        "One line per run: status, steps, eval accuracy first → last, last batch accuracy, response tokens, s per step"
+        ("One line per run: status, steps, eval accuracy first → last, last batch accuracy, response tokens, "
+         "s per step")
         lines = [f"{'run':<12} {'status':<8} {'steps':>7} {'eval acc':>13} {'batch acc':>9} "
                  f"{'tokens':>7} {'s/step':>7}  settings"]
         for r in self.runs:
             e0, e1 = (r.evals[0]["accuracy"], r.evals[-1]["accuracy"]) if r.evals else (math.nan, math.nan)
             last = r.steps[-1] if r.steps else {}
             sps = sum(s["wall_s"] for s in r.steps) / len(r.steps) if r.steps else math.nan
-            lines.append(f"{r.name:<12} {r.status:<8} {len(r.steps):>3}/{r.cfg.train.steps:<3} {e0:>6.3f}→{e1:<6.3f} "
-                         f"{last.get('accuracy', math.nan):>9.3f} {last.get('response_tokens_mean', math.nan):>7.1f} "
-                         f"{sps:>7.2f}  "
+            lines.append(f"{r.name:<12} {r.status:<8} {len(r.steps):>3}/{r.cfg.train.steps:<3} "
+                         f"{e0:>6.3f}→{e1:<6.3f} {last.get('accuracy', math.nan):>9.3f} "
+                         f"{last.get('response_tokens_mean', math.nan):>7.1f} {sps:>7.2f}  "
                          f"{r.label[len(r.name):].strip()}" + (f"  {r.error}" if r.error else ""))
         return "\n".join(lines) if self.runs else "no runs yet: press Run (or call .run())"
 
@@ -194,13 +217,18 @@ class Panel:
 
     # --- the training thread -----------------------------------------------------------------------------------
     def _work(self, rec: RunRecord, stop: threading.Event):
-        rec.status = "running"; self._refresh(force=True)
-        def on_log(kind, row): rec.on_log(kind, row); self._refresh()
+        rec.status = "running"
+        self._refresh(force=True)
+        def on_log(kind, row):
+            rec.on_log(kind, row)
+            self._refresh()
         from transformers.utils import logging as hf_logging
         bars = hf_logging.is_progress_bar_enabled()
-        hf_logging.disable_progress_bar()  # "Loading weights" bars from a thread would land in whichever cell ran last
+        # "Loading weights" bars from a thread would land in whichever cell ran last
+        hf_logging.disable_progress_bar()
         try:
-            rec.summary = RLTrainer(args=rec.cfg).train(progress=False, overwrite=True, on_log=on_log, stop_event=stop)
+            rec.summary = RLTrainer(args=rec.cfg).train(progress=False, overwrite=True,
+                                                        on_log=on_log, stop_event=stop)
             rec.status = "done" if rec.summary["steps"] >= rec.cfg.train.steps else "stopped"
         except Exception as e:  # shown in the panel; the kernel carries on
             rec.status, rec.error = "failed", f"{type(e).__name__}: {e}"
@@ -210,7 +238,8 @@ class Panel:
         self._refresh(force=True)
 
     def _part(self, key):
-        s, n = key.split("."); return getattr(self.cfg, s), n
+        s, n = key.split(".")
+        return getattr(self.cfg, s), n
 
     def _label(self, name: str, cfg: Config) -> str:
         "The run's name plus the shown settings that differ from the first run's"
@@ -237,11 +266,12 @@ class Panel:
         elif k in ("int_slider", "float_slider"):
             # a value outside the usual range (a GPU preset's 300 steps) widens it
             cls, fmt = (W.IntSlider, "d") if k == "int_slider" else (W.FloatSlider, ".3g")
-            w = cls(value=v, min=min(sp["min"], v), max=max(sp["max"], v), step=sp["step"], continuous_update=False,
-                    readout_format=fmt, **kw)
+            w = cls(value=v, min=min(sp["min"], v), max=max(sp["max"], v), step=sp["step"],
+                    continuous_update=False, readout_format=fmt, **kw)
         elif k == "log_slider":
-            w = W.FloatLogSlider(value=v, min=math.log10(min(sp["min"], v)), max=math.log10(max(sp["max"], v)),
-                                 step=sp["step"], base=10, continuous_update=False, readout_format=".1e", **kw)
+            w = W.FloatLogSlider(value=v, min=math.log10(min(sp["min"], v)),
+                                 max=math.log10(max(sp["max"], v)), step=sp["step"], base=10,
+                                 continuous_update=False, readout_format=".1e", **kw)
         else:
             cls = W.BoundedIntText if k == "int_box" else W.BoundedFloatText
             big = 2**31 - 1 if k == "int_box" else 1e12
@@ -251,7 +281,9 @@ class Panel:
         return w
 
     def _on_change(self, key, value):
-        try: set_value(self.cfg, key, value); self.message = ""
+        try:
+            set_value(self.cfg, key, value)
+            self.message = ""
         except ConfigError as e: self.message = f"⚠ {e}"
         self._refresh(force=True)
 
@@ -263,12 +295,16 @@ class Panel:
         controls = {k: self._control(k) for k in shown + more}
         grid = lambda ks: W.GridBox([controls[k] for k in ks], layout=W.Layout(
             grid_template_columns="repeat(auto-fill, minmax(320px, 1fr))", grid_gap="2px 12px"))
-        acc = W.Accordion([grid(more)]); acc.set_title(0, "more settings"); acc.selected_index = None
+        acc = W.Accordion([grid(more)])
+        acc.set_title(0, "more settings")
+        acc.selected_index = None
         bt = dict(layout=W.Layout(width="110px"))
         run, stop, clear = (W.Button(description="Run", button_style="success", icon="play", **bt),
-                            W.Button(description="Stop", button_style="danger", icon="stop", disabled=True, **bt),
+                            W.Button(description="Stop", button_style="danger",
+                                     icon="stop", disabled=True, **bt),
                             W.Button(description="Clear", icon="trash", **bt))
-        run.on_click(lambda _: self._click(self.run)); stop.on_click(lambda _: self.stop())
+        run.on_click(lambda _: self._click(self.run))
+        stop.on_click(lambda _: self.stop())
         clear.on_click(lambda _: self._click(self.clear))
         status, plot = W.HTML(), W.Image(format="png", layout=W.Layout(max_width="1040px"))
         box = W.VBox([grid(shown), acc, W.HBox([run, stop, clear]), status, plot])
@@ -279,7 +315,9 @@ class Panel:
 
     def _click(self, fn):
         try: fn()
-        except (RuntimeError, ConfigError) as e: self.message = f"⚠ {e}"; self._refresh(force=True)
+        except (RuntimeError, ConfigError) as e:
+            self.message = f"⚠ {e}"
+            self._refresh(force=True)
 
     def _refresh(self, force: bool = False):
         "Redraw status and plot (at most twice a second unless `force`)"
@@ -291,11 +329,14 @@ class Panel:
         import html
         ui["status"].value = (f"<pre class='bppo-status' style='font-size:11px;margin:2px'>"
                               f"{html.escape(self.summary())}</pre>"
-                              + (f"<div style='color:#b00'>{html.escape(self.message)}</div>" if self.message else ""))
+                              + (f"<div style='color:#b00'>{html.escape(self.message)}</div>"
+                                 if self.message else ""))
         if self.runs or ui["plot"].value: ui["plot"].value = fig_png(self.figure())
 
     def _ipython_display_(self):
         from IPython.display import display, Image
-        if has_frontend(): display(self.widget()); return
+        if has_frontend():
+            display(self.widget())
+            return
         print(self.summary())
         if self.runs: display(Image(fig_png(self.figure())))

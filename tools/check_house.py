@@ -5,17 +5,28 @@
 3. The algorithm modules (`grpo`, `bppo`, `egae`, `tppo`; those that exist) import nothing from `rollout`.
 4. `trainer` never asks which algorithm it has (no `isinstance(.., TPPO)`, `hasattr(algo, ..)`, `is TPPO`,
    `.name in (..)`): the loop talks to the algorithm interface only.
+5. At most 2% of the package's code lines are over 110 characters (a code line holds more than a comment; nbdev's own
+   lines, the module docstring and `__all__`, count too). Wrap inside brackets; a comment goes on the line above.
 
 Imports are read from the syntax tree, anywhere in the module (inside functions too): `from .x import ..`,
 `from bppo_kit.x import ..`, `from . import x`, `from bppo_kit import x`, `import bppo_kit.x`. Fix a finding in the
 notebook the module is exported from, then `nbdev-export`.
 
-Usage: python tools/check_house.py [PACKAGE_DIR]   (default: bppo_kit/ of this checkout); exit 1 on any finding."""
-import ast, re, sys
+`--cells` reports instead every `#| export` cell in nbs/ longer than 40 lines (directives not counted): a lesson shows
+one small thing per cell. It is not part of the default check yet; it is turned on when the long cells are split.
+
+Usage: python tools/check_house.py [PACKAGE_DIR]   (default: bppo_kit/ of this checkout); exit 1 on any finding.
+       python tools/check_house.py --cells [NBS_DIR]   (default: nbs/ of this checkout); exit 1 on any finding."""
+import ast, io, json, re, sys, tokenize
 from pathlib import Path
 
 root = Path(__file__).resolve().parent.parent
 MAX_LINES = 60
+WIDE, MAX_WIDE_SHARE = 110, 0.02
+MAX_CELL_LINES = 40
+# the tokens that do not make a line a code line
+NOT_CODE = (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT,
+            tokenize.ENDMARKER)
 ALGORITHMS = ("grpo", "bppo", "egae", "tppo")
 NOT_FROM_KERNELS = ALGORITHMS + ("batching",)
 ASKS_WHICH_ALGO = re.compile(r"isinstance\(.*(TPPO|GRPO|BPPO)|hasattr\(algo|is TPPO|\.name in \(")
@@ -56,19 +67,56 @@ def asks_which_algo(path: Path) -> list[str]:
     lines = path.read_text(encoding="utf-8").splitlines()
     return [f"{rel(path)}:{i}: {s.strip()[:100]}" for i, s in enumerate(lines, 1) if ASKS_WHICH_ALGO.search(s)]
 
+def code_lines(path: Path) -> list[tuple[int, str]]:
+    "`(line number, text)` of every line of `path` that holds a token other than a comment"
+    text = path.read_text(encoding="utf-8")
+    lines, nums = text.splitlines(), set()
+    for t in tokenize.generate_tokens(io.StringIO(text).readline):
+        # a string spanning lines makes each of its lines a code line
+        if t.type not in NOT_CODE: nums.update(range(t.start[0], t.end[0] + 1))
+    return [(i, lines[i - 1]) for i in sorted(nums)]
+
+def wide_lines(files: list[Path]) -> tuple[int, list[str]]:
+    "The number of code lines of `files`, and `file:line: N characters` for those over `WIDE` characters"
+    rows = [(p, i, s) for p in files for i, s in code_lines(p)]
+    return len(rows), [f"{rel(p)}:{i}: {len(s)} characters" for p, i, s in rows if len(s) > WIDE]
+
+def long_export_cells(nbs_dir: Path) -> list[str]:
+    "`notebook: cell ID is N lines` for every `#| export` cell in `nbs_dir` longer than `MAX_CELL_LINES`"
+    out = []
+    for nb in sorted(nbs_dir.glob("*.ipynb")):
+        for c in json.loads(nb.read_text(encoding="utf-8"))["cells"]:
+            lines = "".join(c["source"]).splitlines() if c["cell_type"] == "code" else []
+            dirs = [s[2:].split()[:1] for s in lines if s.startswith("#|")]
+            n = len(lines) - len(dirs)
+            if n > MAX_CELL_LINES and any(d in (["export"], ["exports"], ["exporti"]) for d in dirs):
+                out.append(f"{rel(nb)}: cell {c.get('id')} is {n} lines (at most {MAX_CELL_LINES})")
+    return out
+
 def check(pkg_dir: Path) -> dict[str, list[str]]:
     "Findings by rule for the package in `pkg_dir`"
     pkg, mod = pkg_dir.name, lambda name: pkg_dir / f"{name}.py"
     files = sorted(p for p in pkg_dir.rglob("*.py") if not p.name.startswith("_"))  # _modidx.py is nbdev's
+    n_code, wide = wide_lines(files)
     res = {f"functions over {MAX_LINES} lines": [s for p in files for s in long_functions(p)],
            "kernels imports an algorithm module": (forbidden_imports(mod("kernels"), pkg, NOT_FROM_KERNELS)
                                                    if mod("kernels").exists() else []),
            "an algorithm module imports rollout": [s for a in ALGORITHMS if mod(a).exists()
                                                    for s in forbidden_imports(mod(a), pkg, ("rollout",))],
-           "trainer asks which algorithm it has": asks_which_algo(mod("trainer")) if mod("trainer").exists() else []}
+           "trainer asks which algorithm it has": asks_which_algo(mod("trainer")) if mod("trainer").exists() else [],
+           f"code lines over {WIDE} characters: {len(wide) / max(n_code, 1):.1%} of {n_code} "
+           f"(at most {MAX_WIDE_SHARE:.0%})": wide if len(wide) > MAX_WIDE_SHARE * n_code else []}
     return res
 
+def cells_report(nbs_dir: Path) -> int:
+    "Print the long `#| export` cells of `nbs_dir`; 1 if there are any"
+    found = long_export_cells(nbs_dir)
+    print("\n".join(found) or f"no #| export cell in {nbs_dir.name}/ is over {MAX_CELL_LINES} lines")
+    if found: print(f"{len(found)} #| export cells over {MAX_CELL_LINES} lines: split them")
+    return 1 if found else 0
+
 def main(argv):
+    if argv[:1] == ["--cells"]: return cells_report(Path(argv[1]) if argv[1:] else root / "nbs")
     pkg_dir = Path(argv[0]) if argv else root / "bppo_kit"
     res = check(pkg_dir)
     bad = {k: v for k, v in res.items() if v}

@@ -22,19 +22,23 @@ __all__ = ['BPPO_KNOBS', 'KIT_DEFAULTS', 'ROW_KEYS', 'COMPLETION_KEYS', 'LOSS_RE
            'compact_batch', 'row_scale', 'check_bppo_args', 'BPPOConfig', 'BPPOTrainer']
 
 # %% ../../nbs/14_trl.ipynb #b1a00007
-BPPO_KNOBS = ("prefix_mode", "prefix_ratio", "prefix_ratio_end", "prefix_tokens", "class_weight", "loss_scale")
+BPPO_KNOBS = ("prefix_mode", "prefix_ratio", "prefix_ratio_end", "prefix_tokens",
+              "class_weight", "loss_scale")
 # the kit's `algo.*` defaults, and the threshold on the summed reward above which a completion is correct
-KIT_DEFAULTS = {f.name: f.default for f in fields(AlgoConfig) if f.name in BPPO_KNOBS} | {"correct_threshold": 0.0}
+KIT_DEFAULTS = {f.name: f.default for f in fields(AlgoConfig)
+                if f.name in BPPO_KNOBS} | {"correct_threshold": 0.0}
 
 # %% ../../nbs/14_trl.ipynb #b1a0000a
-def score_groups(rewards_per_func: torch.Tensor, # [N, F] TRL's gathered rewards, NaN where a function gave None
+def score_groups(rewards_per_func: torch.Tensor, # [N, F] TRL's gathered rewards; NaN: a function gave None
                  weights: torch.Tensor, # [F] TRL's `reward_weights`
                  n_tokens: torch.Tensor, # [N] completion tokens, the EOS counted (gathered like the rewards)
                  ended: torch.Tensor, # [N] bool: the completion ends with an EOS
                  group_size: int, # `num_generations`
                  threshold: float = 0.0) -> dict: # correct: summed reward > threshold
-    "The kit's `Rollout` fields [B, G] of a gathered TRL batch: rewards, correct, lengths (no EOS), n_tokens, valid"
-    valid = ~torch.isnan(rewards_per_func).all(1)  # TRL's "unscorable" rows: every reward function returned None
+    ("The kit's `Rollout` fields [B, G] of a gathered TRL batch: rewards, correct, lengths (no EOS), "
+     "n_tokens, valid")
+    # TRL's "unscorable" rows: every reward function returned None
+    valid = ~torch.isnan(rewards_per_func).all(1)
     r = (rewards_per_func * weights[None]).nansum(1).masked_fill(~valid, 0.0)
     shape = (-1, group_size)
     return dict(rewards=r.view(shape), correct=((r > threshold) & valid).view(shape),
@@ -43,12 +47,16 @@ def score_groups(rewards_per_func: torch.Tensor, # [N, F] TRL's gathered rewards
 
 # %% ../../nbs/14_trl.ipynb #b1a0000e
 def bppo_targets(rewards: torch.Tensor, correct: torch.Tensor, # [B, G] each
-                 lengths: torch.Tensor, n_tokens: torch.Tensor, # [B, G] response tokens (no EOS), completion tokens
+                 # [B, G] response tokens (no EOS), completion tokens
+                 lengths: torch.Tensor, n_tokens: torch.Tensor,
                  valid: torch.Tensor | None = None, # [B, G] members with a reward; None = all
-                 *, prefix_mode: str = "pair_min", ratio: float = 0.5, prefix_tokens: int = 64, # `prefix_lengths`
+                 # `prefix_lengths`
+                 *, prefix_mode: str = "pair_min", ratio: float = 0.5, prefix_tokens: int = 64,
                  class_weight: str = "class", # `pair_advantages`
-                 loss_scale: str = "own", reduction: str = "token") -> tuple[torch.Tensor, torch.Tensor, dict]:
-    "Advantages [B, G] and trained prefix lengths [B, G] of BPPO (0 where nothing is trained), and its metrics"
+                 loss_scale: str = "own",
+                 reduction: str = "token") -> tuple[torch.Tensor, torch.Tensor, dict]:
+    ("Advantages [B, G] and trained prefix lengths [B, G] of BPPO (0 where nothing is trained), and "
+     "its metrics")
     L = lengths if valid is None else lengths.masked_fill(~valid.bool(), 2**62)  # never pick an unscored one
     sel = select_binary(correct, L)
     adv2 = pair_advantages(rewards, correct, sel, class_weight, valid)
@@ -69,27 +77,31 @@ def bppo_targets(rewards: torch.Tensor, correct: torch.Tensor, # [B, G] each
 # %% ../../nbs/14_trl.ipynb #b1a00014
 ROW_KEYS = ("prompt_ids", "prompt_mask", "advantages")  # one value (or prompt) per row
 # [rows, completion tokens] (`importance_sampling_ratio` is [rows, 1] at TRL's sequence level: nothing to cut)
-COMPLETION_KEYS = ("completion_ids", "completion_mask", "tool_mask", "old_per_token_logps", "ref_per_token_logps",
-                   "sampling_per_token_logps", "importance_sampling_ratio")
+COMPLETION_KEYS = ("completion_ids", "completion_mask", "tool_mask", "old_per_token_logps",
+                   "ref_per_token_logps", "sampling_per_token_logps", "importance_sampling_ratio")
 
 def compact_batch(batch: dict, # `_generate_and_score_completions`' output on this process
-                  adv: torch.Tensor, keep: torch.Tensor, # [n] each row's BPPO advantage and trained tokens (0: none)
+                  # [n] each row's BPPO advantage and trained tokens (0: none)
+                  adv: torch.Tensor, keep: torch.Tensor,
                   index: torch.Tensor, # [n] each row's place in the gathered generation batch
                   chunks: int = 1, # TRL cuts the batch into this many micro-batches (`steps_per_generation`)
-                  multiple: int | None = None) -> dict: # TRL's `pad_to_multiple_of` for the completion columns
+                  # TRL's `pad_to_multiple_of` for the completion columns
+                  multiple: int | None = None) -> dict:
     "`batch` cut to its trained rows and their prefixes, padded with empty rows to a multiple of `chunks`"
     extra = sorted(set(batch) - {*ROW_KEYS, *COMPLETION_KEYS, "num_items_in_batch"})
-    if extra: raise NotImplementedError(f"BPPOTrainer cannot cut a batch holding {extra} (multimodal inputs) yet")
+    if extra:
+        raise NotImplementedError(f"BPPOTrainer cannot cut a batch holding {extra} (multimodal inputs) yet")
     rows = (keep > 0).nonzero().flatten()
     n = len(rows)
     idx = torch.cat([rows, rows.new_zeros(-n % chunks if n else chunks)])  # empty rows repeat row 0
     T = max(int(keep.max()), 1)
     if multiple: T = min(-(-T // multiple) * multiple, batch["completion_ids"].shape[1])
     live = torch.arange(len(idx), device=idx.device) < n
-    out = {k: v if v is None or k == "num_items_in_batch" else v[idx][:, :T] if k in COMPLETION_KEYS else v[idx]
-           for k, v in batch.items()}
+    out = {k: v if v is None or k == "num_items_in_batch" else v[idx][:, :T] if k in COMPLETION_KEYS
+           else v[idx] for k, v in batch.items()}
     prefix = (torch.arange(T, device=idx.device)[None] < keep[idx][:, None]) & live[:, None]
-    out["completion_mask"] = out["completion_mask"] * prefix  # TRL's own mask (truncation, tools) still applies
+    # TRL's own mask (truncation, tools) still applies
+    out["completion_mask"] = out["completion_mask"] * prefix
     out["advantages"] = adv[idx].to(batch["advantages"].dtype) * live
     out["bppo_index"] = torch.where(live, index[idx], -1)
     return out
@@ -103,7 +115,8 @@ def row_scale(loss_type: str, # TRL's `loss_type`, a key of `LOSS_REDUCTION`
               rows: int, # rows of this process's cut batch, empty ones included
               processes: int, # `accelerator.num_processes`
               trained: int) -> float: # trained rows of every process
-    "The factor on TRL's policy and KL terms that turns its per-row denominators (grpo, dr_grpo) into the kit's"
+    ("The factor on TRL's policy and KL terms that turns its per-row denominators (grpo, dr_grpo) into "
+     "the kit's")
     if LOSS_REDUCTION[loss_type] == "token" or not trained: return 1.0
     return rows * processes / trained
 
@@ -118,19 +131,24 @@ def check_bppo_args(a):
     if a.class_weight not in ("class", "one"): bad("class_weight", "'class' or 'one'")
     if a.loss_scale not in ("own", "grpo"): bad("loss_scale", "'own' or 'grpo'")
     if getattr(a, "loss_type", "dapo") not in LOSS_REDUCTION:
-        bad("loss_type", f"one of {tuple(LOSS_REDUCTION)}, the kit's reductions (bnpo divides each micro-batch alone)")
+        bad("loss_type", f"one of {tuple(LOSS_REDUCTION)}, the kit's reductions (bnpo divides each "
+                         "micro-batch alone)")
 
 def _knob(name: str, why: str): return field(default=KIT_DEFAULTS[name], metadata=dict(help=why))
 
 @dataclass
 class BPPOConfig(GRPOConfig):
     "TRL's `GRPOConfig` and BPPO's knobs, defaulting to the kit's (`algo.*`)"
-    prefix_mode: str = _knob("prefix_mode", "BPPO: a representative's trained prefix: ratio, pair_min, tokens, full")
+    prefix_mode: str = _knob("prefix_mode", "BPPO: a representative's trained prefix: ratio, pair_min, "
+                                            "tokens, full")
     prefix_ratio: float = _knob("prefix_ratio", "BPPO 'ratio' mode: share of each response trained at step 0")
-    prefix_ratio_end: float = _knob("prefix_ratio_end", "BPPO 'ratio' mode: ... growing linearly to this at the end")
+    prefix_ratio_end: float = _knob("prefix_ratio_end", "BPPO 'ratio' mode: ... growing linearly to this "
+                                                        "at the end")
     prefix_tokens: int = _knob("prefix_tokens", "BPPO 'tokens' mode: trained tokens per representative")
-    class_weight: str = _knob("class_weight", "BPPO: a representative stands for its class (class) or itself (one)")
-    loss_scale: str = _knob("loss_scale", "BPPO: own = the pair's scale; grpo = x parity_factor (GRPO's scale)")
+    class_weight: str = _knob("class_weight", "BPPO: a representative stands for its class (class) or "
+                                              "itself (one)")
+    loss_scale: str = _knob("loss_scale", "BPPO: own = the pair's scale; grpo = x parity_factor "
+                                          "(GRPO's scale)")
     correct_threshold: float = _knob("correct_threshold", "BPPO: correct = the summed reward is above this")
 
     def __post_init__(self):
@@ -139,11 +157,13 @@ class BPPOConfig(GRPOConfig):
 
 # %% ../../nbs/14_trl.ipynb #b1a0001b
 class BPPOTrainer(GRPOTrainer):
-    "TRL's `GRPOTrainer`, training per mixed group the prefixes of its shortest correct and incorrect completion"
+    ("TRL's `GRPOTrainer`, training per mixed group the prefixes of its shortest correct and incorrect "
+     "completion")
     def __init__(self, *args, **kwargs):
         "TRL's `GRPOTrainer`, then the BPPO knobs and `loss_type` checked (a plain `GRPOConfig`'s too)"
         super().__init__(*args, **kwargs)
-        check_bppo_args(SimpleNamespace(**{k: self._bppo_knob(k) for k in KIT_DEFAULTS}, loss_type=self.loss_type))
+        check_bppo_args(SimpleNamespace(**{k: self._bppo_knob(k) for k in KIT_DEFAULTS},
+                                        loss_type=self.loss_type))
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         "TRL's rewards (gathered over processes), kept with this process's completion ids"
@@ -151,7 +171,8 @@ class BPPOTrainer(GRPOTrainer):
         self._bppo_seen = (rewards_per_func, completion_ids_list)
         return rewards_per_func
 
-    def _bppo_knob(self, name: str): return getattr(self.args, name, KIT_DEFAULTS[name])  # GRPOConfig: the kit's
+    # GRPOConfig: the kit's
+    def _bppo_knob(self, name: str): return getattr(self.args, name, KIT_DEFAULTS[name])
 
     def _bppo_groups(self, mode: str) -> dict:
         "`score_groups` of the whole generation batch (every process's completions), on the CPU"
@@ -170,9 +191,11 @@ class BPPOTrainer(GRPOTrainer):
         out = super()._generate_and_score_completions(inputs)
         mode, k = "train" if self.model.training else "eval", self._bppo_knob
         g = self._bppo_groups(mode)
-        ratio = scheduled_ratio(self.state.global_step, self.state.max_steps, k("prefix_ratio"), k("prefix_ratio_end"))
+        ratio = scheduled_ratio(self.state.global_step, self.state.max_steps,
+                                k("prefix_ratio"), k("prefix_ratio_end"))
         adv, keep, m = bppo_targets(g["rewards"], g["correct"], g["lengths"], g["n_tokens"], g["valid"],
-                                    prefix_mode=k("prefix_mode"), ratio=ratio, prefix_tokens=k("prefix_tokens"),
+                                    prefix_mode=k("prefix_mode"), ratio=ratio,
+                                    prefix_tokens=k("prefix_tokens"),
                                     class_weight=k("class_weight"), loss_scale=k("loss_scale"),
                                     reduction=LOSS_REDUCTION[self.loss_type])
         n, dev, p = out["prompt_ids"].shape[0], out["prompt_ids"].device, self.accelerator.process_index
@@ -180,8 +203,10 @@ class BPPOTrainer(GRPOTrainer):
         out = compact_batch(out, adv.flatten()[mine].to(dev), keep.flatten()[mine].to(dev),
                             torch.arange(adv.numel(), device=dev)[mine],
                             self.args.steps_per_generation if mode == "train" else 1, self.pad_to_multiple_of)
-        mask = out["completion_mask"] if out.get("tool_mask") is None else out["completion_mask"] * out["tool_mask"]
-        out["num_items_in_batch"] = self.accelerator.gather(mask.sum()).sum()  # the trained tokens, every process's
+        mask = (out["completion_mask"] if out.get("tool_mask") is None
+                else out["completion_mask"] * out["tool_mask"])
+        # the trained tokens, every process's
+        out["num_items_in_batch"] = self.accelerator.gather(mask.sum()).sum()
         out["bppo_scale"] = torch.tensor(row_scale(self.loss_type, len(out["bppo_index"]),
                                                    self.accelerator.num_processes, int((keep > 0).sum())))
         for name, v in m.items(): self._metrics[mode][f"bppo/{name}"].append(float(v))
