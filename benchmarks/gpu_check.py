@@ -296,7 +296,7 @@ def update_items(m: dict, T: int, vocab: int, seed: int) -> list:
     n = m["micro_batch"] * m["batches"]
     ids = torch.randint(vocab, (n, m["prompt"] + T), generator=g).tolist()
     lp = -math.log(vocab)  # about what a random model gives any token
-    return [TrainItem(r[:m["prompt"]], r[m["prompt"]:], advantage=1.0 if i % 2 else -1.0, n_train=T,
+    return [TrainItem(r[:m["prompt"]], r[m["prompt"]:], advantage=1.0 if i % 2 else -1.0, end=T,
                       sample_logprobs=[lp] * T) for i, r in enumerate(ids)]
 
 def memory_config(T: int, m: dict, dev: str):

@@ -23,6 +23,7 @@ class Entry:
     rounds: int = 0  # windows generated so far
     trained: int = 0  # tokens (from the first) that have had their policy update
 
+# %% ../nbs/09_batching.ipynb #4b289a76
 class SamplePool:
     ("T-PPO's continuous batching pool: G entries per admitted prompt; unfinished entries go ahead of "
      "fresh ones")

@@ -88,6 +88,7 @@ def cmd_train(args, cfg: Config) -> int:
     print(f"run folder {s['run_dir']}  (metrics.jsonl, eval.jsonl, checkpoint/, {png.name})")
     return 0
 
+# %% ../nbs/12_cli.ipynb #8d57a357
 def cmd_probe(args, cfg: Config) -> int:
     from bppo_kit.gradsim import plot_probe, probe
     from bppo_kit.rollout import HFEngine
@@ -107,6 +108,7 @@ def cmd_probe(args, cfg: Config) -> int:
         plot_probe(res, Path(args.json).with_suffix(".png"))
     return 0
 
+# %% ../nbs/12_cli.ipynb #d8919747
 def cmd_plot(args, cfg: Config) -> int:
     from bppo_kit.runs import plot_run
     for r in args.runs:
@@ -152,6 +154,7 @@ def _plugins(p):
                    help="import a .py file or a module first (e.g. one that registers an algorithm); "
                         "repeatable")
 
+# %% ../nbs/12_cli.ipynb #9a7c4be4
 def load_plugin(spec: str):
     ("Import a `.py` file or a module by name (its algorithms register themselves); a `DataError` if it is "
      "not there")
@@ -166,6 +169,7 @@ def load_plugin(spec: str):
         return mod
     except ModuleNotFoundError as e: raise DataError(f"--plugin: cannot import {spec}: {e}") from None
 
+# %% ../nbs/12_cli.ipynb #bd085df1
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="bppo",
                                  description="GRPO, BPPO and T-PPO for reasoning LMs: a notebook-first kit")
@@ -227,12 +231,14 @@ def build_parser() -> argparse.ArgumentParser:
     la.set_defaults(preset="cpu-demo", config=None, overrides=[])
     return ap
 
+# %% ../nbs/12_cli.ipynb #17dbe9d1
 def shorthand_overrides(args) -> list[str]:
     "`--algo`, `--steps`, `--seed`, `--out`, `--save-every` as `key=value` overrides"
     pairs = [("algo.name", "algo"), ("train.steps", "steps"), ("train.seed", "seed"), ("data.seed", "seed"),
              ("train.out", "out"), ("train.save_every", "save_every")]
     return [f"{k}={getattr(args, a)}" for k, a in pairs if getattr(args, a, None) is not None]
 
+# %% ../nbs/12_cli.ipynb #e20ae618
 def cmd_launch(args, cfg: Config) -> int:
     ("`accelerate launch -m bppo_kit.cli COMMAND …` with the config file, once `launch_problem` has no "
      "objection")
@@ -248,6 +254,7 @@ def cmd_launch(args, cfg: Config) -> int:
     return subprocess.call([sys.executable, "-m", "accelerate.commands.launch", "--config_file",
                             args.accelerate_config, *n, "-m", "bppo_kit.cli", *cmd])
 
+# %% ../nbs/12_cli.ipynb #2831cca3
 COMMANDS = {"eval": cmd_eval, "sft": cmd_sft, "train": cmd_train, "compare": cmd_compare, "probe": cmd_probe,
             "plot": cmd_plot, "plan": cmd_plan, "launch": cmd_launch}
 

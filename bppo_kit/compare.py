@@ -26,6 +26,8 @@ _FOCUS = ["algo.budget=progress", "algo.budget_explore=0.1", "algo.budget_slack=
 # the last tokens of unfinished windows masked (never trained)
 _RECIPE = ["algo.name=tppo", "algo.value_warmup=10", "algo.lm_loss_weight=0.1", "algo.oversample=2",
            "algo.filter_mode=mask"]
+
+# %% ../nbs/11b_compare.ipynb #1dd07969
 VARIANTS = {
     "grpo": ["algo.name=grpo", "algo.reduction=token"],
     "grpo_seq": ["algo.name=grpo", "algo.reduction=seq"],
@@ -83,6 +85,7 @@ VARIANTS = {
     "ppo_recipe": ["algo.name=ppo", "rollout.window=0", "algo.value_warmup=10", "algo.lm_loss_weight=0.1"],
 }
 
+# %% ../nbs/11b_compare.ipynb #0c90f507
 def variant_config(base: Config, name: str, seed: int, out: Path) -> Config:
     ("The config of one run: `base` with the variant's overrides, the seed and its own run folder; "
      "`bppo@150`: 150 steps")
@@ -125,6 +128,7 @@ def run_status(run: Path, cfg: Config) -> str:
 def _med(xs): return statistics.median(xs) if xs else None
 def _mean(xs): return statistics.fmean(xs) if xs else None
 
+# %% ../nbs/11b_compare.ipynb #6d05b5f0
 def _cumulative(m: list[dict], key: str) -> list[float] | None:
     "Running totals of `key` over the metric rows (index = steps done), None if a row lacks it"
     if not m or any(r.get(key) is None for r in m): return None
@@ -132,6 +136,7 @@ def _cumulative(m: list[dict], key: str) -> list[float] | None:
     for r in m: out.append(out[-1] + r[key])
     return out
 
+# %% ../nbs/11b_compare.ipynb #6479ddd5
 def _reached(r: dict, full: int, target: float | None, subset_target: float | None) -> bool:
     ("Did eval row `r` reach the target: a subset row (fewer than `full` problems) `subset_target`, a full "
      "one `target`")
@@ -144,6 +149,7 @@ def _held_row(e: list[dict], full: int, target: float | None, subset_target: flo
     ok = [_reached(r, full, target, subset_target) for r in e]
     return next((r for r, now, then in zip(e, ok, ok[1:]) if now and then), None)
 
+# %% ../nbs/11b_compare.ipynb #4213c8f0
 def run_summary(run: Path, target: float | None = None, # the full evaluations' target accuracy
                 # the cheap subset evaluations' (`train.eval_subset`)
                 subset_target: float | None = None) -> dict:
@@ -187,6 +193,7 @@ def run_summary(run: Path, target: float | None = None, # the full evaluations' 
                 critic_ev=_mean([r["explained_variance"] for r in m
                                  if r.get("explained_variance") is not None]))
 
+# %% ../nbs/11b_compare.ipynb #66cefe29
 def accuracy_at(run: Path, unit: str, # a cost: a key of `metrics.jsonl` rows (wall_s, decode_steps, …)
                 x: float) -> float | None:
     "The accuracy of the last evaluation `run` made before it had spent more than `x` of `unit`"
@@ -196,6 +203,7 @@ def accuracy_at(run: Path, unit: str, # a cost: a key of `metrics.jsonl` rows (w
               and spent[r["step"]] <= x]
     return before[-1]["accuracy"] if before else None
 
+# %% ../nbs/11b_compare.ipynb #33088f8d
 def aggregate(rows: list[dict]) -> dict:
     "Mean and standard deviation over seeds of every numeric field"
     out = {}
@@ -237,6 +245,7 @@ def compare_figure(runs: dict[str, list[Path]]) -> Figure:
     fig.tight_layout()
     return fig
 
+# %% ../nbs/11b_compare.ipynb #bf118a45
 def _fmt(a: dict, k: str, pct=False) -> str:
     if k not in a: return "–"
     m, s = a[k]["mean"], a[k]["std"]
@@ -261,6 +270,7 @@ def cost_table(agg: dict, base: str) -> list[str]:
         lines.append(f"| {n} | " + " | ".join(cells) + f" | {ratios} |")
     return lines
 
+# %% ../nbs/11b_compare.ipynb #d9c2c1a1
 def baseline_target(runs: dict[str, list[Path]], tolerance: float = 0.01,
                     key: str = "final_accuracy") -> float | None:
     ("The first variant's (the baseline's) mean final accuracy (`key`), less `tolerance`: what the others "

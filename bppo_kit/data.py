@@ -303,6 +303,7 @@ TASKS = {
               ("hiyouga/geometry3k",), "problem", "answer", MATH_TEMPLATE),
 }
 
+# %% ../nbs/02_data.ipynb #2f99cf83
 def row_to_example(row: dict, task: str) -> Example:
     "One data-set row as an `Example` (the gold answer bare: GSM8K's text after `####`, AIME's '025' as '25')"
     _, _, q, a, tmpl = TASKS[task]
@@ -319,6 +320,7 @@ def row_to_example(row: dict, task: str) -> Example:
     text = conversation(row["prompt"]) if "prompt" in row else dict(prompt=tmpl.format(question=question))
     return Example(answer=ans, task=task, meta=meta, **text)
 
+# %% ../nbs/02_data.ipynb #07ff0df1
 def load_task(task: str, # a key of `TASKS`, or "synthetic"
               split: str = "train", # train | test (| val for geo3k)
               path=None, # a local JSONL file or a hub dataset name; None = the default local file

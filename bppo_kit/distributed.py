@@ -110,6 +110,7 @@ def launched_world() -> int:
 
 def _env_true(name: str) -> bool: return os.environ.get(name, "").lower() in ("1", "true", "yes")
 
+# %% ../nbs/03e_distributed.ipynb #f2ce783f
 def check_world(cfg: Config, world: int):
     "A `ConfigError` naming the field if a step's prompts do not split into `world` whole shares"
     n = cfg.train.prompts_per_step
@@ -117,6 +118,7 @@ def check_world(cfg: Config, world: int):
         raise ConfigError(f"train.prompts_per_step: {n} prompts do not split into {world} processes' whole "
                           f"groups; use a multiple of {world}")
 
+# %% ../nbs/03e_distributed.ipynb #59e58b2a
 def deepspeed_problem() -> str:
     "Why a DeepSpeed launch cannot run the kit (one line)"
     why = ("is not installed (pip install deepspeed)" if importlib.util.find_spec("deepspeed") is None
@@ -128,6 +130,7 @@ def fsdp_problem(where: str) -> str:
     return ("accelerate config: FSDP was asked for, but accelerate runs FSDP only on accelerators (here: "
             f"{where}); use configs/accelerate/ddp.yaml")
 
+# %% ../nbs/03e_distributed.ipynb #c8e502c6
 def launch_problem(config_file: str) -> str | None:
     ("Why an accelerate config file cannot run the kit on this machine (one line), or None (`bppo launch` "
      "asks first)")
@@ -140,6 +143,7 @@ def launch_problem(config_file: str) -> str | None:
     if kind == "FSDP" and not torch.cuda.is_available(): return fsdp_problem("no CUDA device")
     return None
 
+# %% ../nbs/03e_distributed.ipynb #e5032c44
 def init_dist(cfg: Config, cpu: bool) -> Dist: # `cpu`: the run's device is the CPU (gloo)
     "This run's `Dist`: accelerate's processes when a launcher started several, else one process"
     world = launched_world()
@@ -173,7 +177,7 @@ def gather_rollout(dist: Dist, ro: Rollout,
 
 def deal_items(items: list[TrainItem], world: int) -> list[list[TrainItem]]:
     "`items` dealt to `world` ranks, balancing trained tokens; each rank's in their original order"
-    cost = [max(0, it.n_train - it.start) for it in items]
+    cost = [max(0, it.end - it.start) for it in items]
     load, owner = [0] * world, [0] * len(items)
     for i in sorted(range(len(items)), key=lambda i: -cost[i]):  # stable: equal costs keep their order
         r = min(range(world), key=lambda r: (load[r], r))

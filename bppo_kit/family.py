@@ -25,7 +25,7 @@ def subset_items(r: Rollout, # a scored rollout of B groups of G
             items.append(TrainItem(c.prompt_ids, c.completion_ids, a, c.n_tokens,
                                    sample_logprobs=c.logprobs or None))
     m = dict(frac_zero_std_groups=zero_signal_frac(r.rewards), selected_sequences=len(items),
-             kept_completions=int(keep.sum()), kept_tokens=sum(it.n_train for it in items))
+             kept_completions=int(keep.sum()), kept_tokens=sum(it.end for it in items))
     return items, m
 
 # %% ../nbs/07b_family.ipynb #f5b6f2e1

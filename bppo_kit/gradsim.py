@@ -81,6 +81,7 @@ def probe(model, tok, examples: list, engine, group_size: int = 8, sampling=None
                 n_groups=len(groups), n_prompts=len(examples),
                 group_size=group_size, pairs=pairs, groups=groups)
 
+# %% ../nbs/06_gradsim.ipynb #8bc60c55
 def plot_probe(res: dict, # a `probe` result
                out=None) -> Figure: # also save it to this PNG
     ("A heatmap of the first mixed group's cosines and a histogram of cosines by pair type (a Figure; "

@@ -8,7 +8,7 @@ import torch
 from .core import Algorithm, Rollout, TrainItem, clipped_surrogate, k3_kl, masked_mean, register
 
 # %% auto #0
-__all__ = ['TRL_DEFAULTS', 'group_advantages', 'zero_signal_frac', 'reduce_loss', 'token_weights', 'grpo_loss', 'GRPO']
+__all__ = ['TRL_DEFAULTS', 'group_advantages', 'zero_signal_frac', 'reduce_loss', 'grpo_loss', 'GRPO']
 
 # %% ../nbs/05_grpo.ipynb #13614cb4
 def group_advantages(rewards: torch.Tensor, # [B, G] one reward per completion, groups in rows
@@ -49,20 +49,6 @@ def reduce_loss(tok_loss: torch.Tensor, # [B, T] per-token losses
         has = mask.any(1)
         return masked_mean(tok_loss, mask, 1)[has].mean() if has.any() else tok_loss.sum() * 0
     if reduction == "constant": return (tok_loss * mask).sum() / (mask.shape[0] * (max_len or mask.shape[1]))
-    raise ValueError(f"reduction must be 'token', 'seq' or 'constant', got {reduction!r}")
-
-# %% ../nbs/05_grpo.ipynb #34716b4d
-def token_weights(mask: torch.Tensor, # [B, T] trained tokens of (a micro-batch of) the batch
-                  reduction: str, # "token" | "seq" | "constant"
-                  n_seqs: int, # sequences in the whole batch (with at least one trained token, for "seq")
-                  n_tokens: int, # trained tokens in the whole batch
-                  max_len: int) -> torch.Tensor: # the constant of "constant"
-    ("Per-token weights [B, T] such that Σ weights·loss over all micro-batches is the named reduction of "
-     "the batch")
-    m = mask.float()
-    if reduction == "token": return m / max(n_tokens, 1)
-    if reduction == "seq": return m / m.sum(1, keepdim=True).clamp(min=1) / max(n_seqs, 1)
-    if reduction == "constant": return m / (max(n_seqs, 1) * max_len)
     raise ValueError(f"reduction must be 'token', 'seq' or 'constant', got {reduction!r}")
 
 # %% ../nbs/05_grpo.ipynb #cc72e80b

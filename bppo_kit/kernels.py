@@ -290,6 +290,7 @@ def load_triton() -> dict:
 # %% ../nbs/10_kernels.ipynb #34ae9861
 TRITON_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
+# %% ../nbs/10_kernels.ipynb #2ca241f7
 def _pow2(n: int) -> int: return 1 << max(0, int(n) - 1).bit_length()
 
 def _blocks(h: torch.Tensor, block_n: int | None, block_v: int | None):
@@ -302,6 +303,7 @@ def _blocks(h: torch.Tensor, block_n: int | None, block_v: int | None):
     bd = (32 if h.dtype == torch.float32 else 64) if gpu else min(128, max(16, _pow2(h.shape[1])))
     return bm, bv, bd, gpu
 
+# %% ../nbs/10_kernels.ipynb #0af8f521
 def triton_forward(h, w, targets, old_logp, adv, ref_logp=None, eps_low=0.2, eps_high=0.28, beta=0.0,
                    block_n=None, block_v=None) -> dict:
     "Per-token `lse, logp, ratio, loss, dlogp, clipped` [M] of compacted tokens, by the two forward kernels"
@@ -330,6 +332,7 @@ def triton_forward(h, w, targets, old_logp, adv, ref_logp=None, eps_low=0.2, eps
                        BLOCK_S=max(2, _pow2(split)), BLOCK_D=bd)
     return out | {"clipped": clip.bool()}
 
+# %% ../nbs/10_kernels.ipynb #b6749282
 def triton_backward(h, w, targets, lse, g, block_n=None, block_v=None, group_m: int = 8):
     "float32 `(dh [M, H], dW [V, H])` of `sum(g · logp)` over compacted tokens, by the tile kernel"
     k = load_triton()
@@ -388,6 +391,7 @@ def pick_impl(x: torch.Tensor, impl: str = "auto") -> str:
     ok = triton_available() and (x.is_cuda or interpreting()) and x.dtype in TRITON_DTYPES
     return "triton" if ok else "chunked"
 
+# %% ../nbs/10_kernels.ipynb #f7951c2d
 def prefix_policy_loss(hidden: torch.Tensor, # [N, H] final hidden states (after the last norm)
                        weight: torch.Tensor, # [V, H] the LM head
                        targets: torch.Tensor, # [N] sampled token ids
@@ -408,6 +412,7 @@ def prefix_policy_loss(hidden: torch.Tensor, # [N, H] final hidden states (after
         return _prefix_policy_loss(hidden, weight, targets, old_logp, advantages, mask, eps_low, eps_high,
                                    ref_logp, beta, impl, return_stats, block_n, block_v)
 
+# %% ../nbs/10_kernels.ipynb #d6369c6f
 def _prefix_policy_loss(hidden, weight, targets, old_logp, advantages, mask, eps_low, eps_high, ref_logp,
                         beta, impl, return_stats, block_n, block_v):
     "`prefix_policy_loss` outside autocast"

@@ -45,6 +45,7 @@ def tiny_config(tok, hidden_size: int = 192, num_layers: int = 4, num_heads: int
 # %% ../nbs/03_policy.ipynb #74ff22b1
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
+# %% ../nbs/03_policy.ipynb #cabf1092
 def load_tokenizer(path: str):
     ("A tokenizer with left padding and a pad token; tokenizers saved as plain `tokenizer.json` stay "
      "exactly that")
@@ -56,6 +57,7 @@ def load_tokenizer(path: str):
     if tok.pad_token is None: tok.pad_token = tok.eos_token
     return tok
 
+# %% ../nbs/03_policy.ipynb #18e6f34e
 # the policies the kit makes itself: name -> (folder under data/, the preset whose `sft` section makes it)
 SHIPPED_POLICIES = {"tiny": ("tiny_policy", "tiny"), "tiny-tail": ("tail_policy", "cpu-tail")}
 
@@ -64,6 +66,7 @@ def resolve_policy_path(name_or_path: str) -> str:
     return (str(data_dir() / SHIPPED_POLICIES[name_or_path][0]) if name_or_path in SHIPPED_POLICIES
             else name_or_path)
 
+# %% ../nbs/03_policy.ipynb #b9da3970
 def load_policy(name_or_path: str = "tiny", # "tiny", "tiny-tail", hub id, checkpoint or LoRA adapter folder
                 dtype: str = "float32", # a key of `DTYPES`
                 device: str = "cpu", # where the weights go

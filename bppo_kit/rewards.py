@@ -66,16 +66,19 @@ def func_name(f) -> str:
     "A reward function's name in the metrics (`rewards/NAME`): its `__name__`, else its class's"
     return getattr(f, "__name__", None) or type(f).__name__
 
+# %% ../nbs/02b_rewards.ipynb #f5865333
 def is_async(f) -> bool:
     "Whether calling `f` gives a coroutine (an `async def` function, or an object whose `__call__` is one)"
     return inspect.iscoroutinefunction(f) or inspect.iscoroutinefunction(type(f).__call__)
 
+# %% ../nbs/02b_rewards.ipynb #c173a0bb
 def _await_all(coros: list) -> list:
     ("Await `coros` together on a fresh event loop in a worker thread (a notebook's own loop is already "
      "running)")
     async def gather(): return await asyncio.gather(*coros)
     with ThreadPoolExecutor(1) as pool: return pool.submit(asyncio.run, gather()).result()
 
+# %% ../nbs/02b_rewards.ipynb #d6ab498a
 def check_rewards(name: str, r, n: int) -> list[float]:
     "`r` as `n` floats (None → nan), or a `DataError` naming the function and what is wrong"
     if hasattr(r, "tolist"): r = r.tolist()  # a tensor or an array
@@ -92,6 +95,7 @@ def check_rewards(name: str, r, n: int) -> list[float]:
         out.append(v)
     return out
 
+# %% ../nbs/02b_rewards.ipynb #989c16fd
 def call_reward_funcs(funcs: list, # reward functions (plain or async)
                       inputs: dict, # `reward_inputs`
                       step: int = 0) -> list[list[float]]: # passed as `trainer_state.global_step`
@@ -102,6 +106,7 @@ def call_reward_funcs(funcs: list, # reward functions (plain or async)
     for i, r in zip(waiting, _await_all([funcs[i](**kw) for i in waiting]) if waiting else []): out[i] = r
     return [check_rewards(func_name(f), r, n) for f, r in zip(funcs, out)]
 
+# %% ../nbs/02b_rewards.ipynb #f2a524d5
 def combine(per_func: list[list[float]], weights: list[float]) -> list[float]:
     "TRL's sum: each completion's weighted rewards, a function's `None` (nan) left out (all `None`: 0)"
     return [sum(w * v for w, v in zip(weights, col) if not math.isnan(v)) for col in zip(*per_func)]

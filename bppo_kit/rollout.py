@@ -108,6 +108,7 @@ def hf_batch_available(model) -> bool:
     "Whether the installed transformers offers `generate_batch` (continuous batching)"
     return callable(getattr(model, "generate_batch", None))
 
+# %% ../nbs/04_rollout.ipynb #e25c71cf
 class HFBatchEngine(Engine):
     "Generation with transformers' continuous batching (`model.generate_batch`)"
     def __init__(self, model, tok, progress: bool = False):
@@ -177,6 +178,7 @@ def mix32(x: torch.Tensor) -> torch.Tensor:
     x = _mul32(x, 0x846CA68B)
     return x ^ (x >> 16)
 
+# %% ../nbs/04_rollout.ipynb #1b41b865
 def gumbel_noise(seed: torch.Tensor, uid: torch.Tensor, t: torch.Tensor, vocab: int,
                  # columns `start…stop-1` (None: `vocab`)
                  start: int = 0, stop: int | None = None) -> torch.Tensor:
@@ -188,6 +190,7 @@ def gumbel_noise(seed: torch.Tensor, uid: torch.Tensor, t: torch.Tensor, vocab: 
     u = ((h >> 8).float() + 0.5) / 2 ** 24  # 24 bits: exactly representable, strictly inside (0, 1)
     return -torch.log(-torch.log(u))
 
+# %% ../nbs/04_rollout.ipynb #cbe76355
 def gumbel_argmax(scores: torch.Tensor, seed: torch.Tensor, uid: torch.Tensor, t: torch.Tensor,
                   # noise made at once (elements): bounds the int64 temporaries
                   block: int = 1 << 22) -> torch.Tensor:
@@ -266,6 +269,7 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
     h = x.shape[-1] // 2
     return x * cos + torch.cat((-x[..., h:], x[..., :h]), -1) * sin
 
+# %% ../nbs/04_rollout.ipynb #ed3d3a37
 class SlotModel:
     "An HF causal LM of the Llama / Qwen2 / Qwen3 families, run layer by layer over a `SlotCache`"
     FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
@@ -381,6 +385,7 @@ class Slot:
     toks: list[int] = field(default_factory=list)  # generated in this call
     lps: list[float] = field(default_factory=list)  # their log-probs
 
+# %% ../nbs/04_rollout.ipynb #28a86091
 @dataclass
 class Batch:
     ("The state of one `KitEngine.run`: busy `slots` (packed at the front), the `waiting` queue, "
@@ -515,6 +520,7 @@ def check_requests(requests: list[Request], sp: SamplingParams, window: int | No
             raise ValueError(f"prompt of {len(r.prompt_ids)} tokens + {sp.max_new_tokens} new exceeds the "
                              f"context of {ctx}")
 
+# %% ../nbs/04_rollout.ipynb #98ffc51a
 @register_engine("kit")
 class KitEngine(Engine):
     "Continuous batching over a slot KV cache, for HF causal LMs of the Llama / Qwen2 / Qwen3 families"
@@ -612,6 +618,7 @@ def vllm_available() -> bool:
     try: return importlib.util.find_spec("vllm") is not None
     except (ImportError, ValueError): return False
 
+# %% ../nbs/04_rollout.ipynb #d1d86faf
 class VLLMCompat:
     "Every choice that depends on the installed vLLM release; `VLLMEngine` makes no other"
     # before `import vllm`: colocated, the engine runs in this process

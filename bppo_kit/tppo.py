@@ -353,6 +353,7 @@ def after_update(self: TPPO, pad_id: int) -> dict:
     return reduce_metrics(self.dist, dict(value_loss=tot, explained_variance=ev if ev == ev else None),
                           summed={"value_loss"})
 
+# %% ../nbs/09b_tppo.ipynb #0eb1444b
 @patch
 def _value_epoch(self: TPPO, done: list[Entry], v_old, ret, mask, pad_id: int, dev) -> float:
     "One optimizer step of the critic over the finished responses (micro-batched); its loss"

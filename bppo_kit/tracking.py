@@ -47,6 +47,7 @@ def scalars(row: dict, prefix: str = "") -> dict[str, float]:
 # %% ../nbs/10d_tracking.ipynb #4e1e9a87
 def _key(kind: str, k: str) -> str: return f"{'train' if kind == 'step' else 'eval'}/{k}"
 
+# %% ../nbs/10d_tracking.ipynb #7e6bd991
 class TensorBoard:
     "Scalars in `RUN/tensorboard` through PyTorch's `SummaryWriter` (TensorBoard's own event files)"
     def __init__(self, run_dir: Path, cfg: Config):
@@ -57,6 +58,7 @@ class TensorBoard:
         self.w.flush()
     def close(self): self.w.close()
 
+# %% ../nbs/10d_tracking.ipynb #7f4e7bab
 class Trackio:
     "trackio: project `TRACKIO_PROJECT` (default bppo_kit), the run named after its folder"
     def __init__(self, run_dir: Path, cfg: Config):
@@ -68,6 +70,7 @@ class Trackio:
         self.t.log({_key(kind, k): v for k, v in scalars(row).items()}, step=row["step"])
     def close(self): self.t.finish()
 
+# %% ../nbs/10d_tracking.ipynb #b4a3f2e6
 class WandB:
     ("Weights & Biases: project `WANDB_PROJECT` (default bppo_kit), files in the run folder; honours "
      "`WANDB_MODE`")
@@ -79,6 +82,7 @@ class WandB:
         self.run.log({_key(kind, k): v for k, v in scalars(row).items()}, step=row["step"])
     def close(self): self.run.finish()
 
+# %% ../nbs/10d_tracking.ipynb #8aa14f80
 TRACKERS = {"tensorboard": TensorBoard, "trackio": Trackio, "wandb": WandB}
 
 class Reporter:

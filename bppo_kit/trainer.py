@@ -11,8 +11,8 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 from .config import Config, ConfigError, TrainConfig
-from .core import (Algorithm, Engine, SamplingParams, algorithm_class, engine_caps, engine_class,
-                           make_algorithm)
+from .core import (Algorithm, Engine, SamplingParams, algorithm_class, check_settings, engine_caps,
+                           engine_class, make_algorithm)
 from .distributed import (Dist, checkpoint_states, full_state_dict, init_dist, load_optimizer_state,
                                   reduce_metrics)
 from .evaluate import eval_examples, evaluate
@@ -29,8 +29,9 @@ import bppo_kit.bppo, bppo_kit.grpo, bppo_kit.tppo  # noqa: F401
 
 # %% auto #0
 __all__ = ['COSTS', 'lr_at', 'device_of', 'Session', 'own_state', 'check_precision', 'check_gpu_memory', 'with_lora',
-           'start_policy', 'setup', 'step_costs', 'train_step', 'evaluate_step', 'eval_examples_of', 'check_run',
-           'open_run_on', 'rows_after', 'run_cost', 'end_of_run', 'check_budget', 'RunLog', 'run_steps', 'train']
+           'start_policy', 'load_for_training', 'make_optimizer', 'build_engine', 'setup', 'step_costs', 'train_step',
+           'evaluate_step', 'eval_examples_of', 'check_run', 'open_run_on', 'rows_after', 'run_cost', 'end_of_run',
+           'check_budget', 'RunLog', 'run_steps', 'train']
 
 # %% ../nbs/11_trainer.ipynb #ef0a4107
 def lr_at(step: int, lr: float, warmup_steps: int = 0) -> float:
@@ -89,6 +90,7 @@ def own_state(state: dict, dist: Dist) -> dict:
     ranks = state.get("ranks")
     return ranks[dist.rank] if ranks and len(ranks) == dist.world else state
 
+# %% ../nbs/11_trainer.ipynb #5bf0b38d
 def check_precision(cfg: Config):
     "A `ConfigError` for a compute dtype the trainer cannot train in"
     if cfg.model.dtype == "float16":
@@ -137,22 +139,11 @@ def start_policy(cfg: Config, run: RunDir, state: dict | None, policy, dev: str)
     ref = copy.deepcopy(policy[0]).to(device=dev, dtype=DTYPES[cfg.model.dtype]).eval().requires_grad_(False)
     return model, tok, ref
 
-def setup(cfg: Config, run: RunDir, resume: bool = False, dist: Dist | None = None,
-          task: Task | None = None, # your own data and rewards (the rewards lesson); None: the config's
-          # a loaded `(model, tokenizer)` to train in place; None: `model.name_or_path`
-          policy=None) -> Session:
-    ("Seed, load the policy (from the run's checkpoint when resuming), and build optimizer, reference, "
-     "algorithm, engine")
-    t, dist = cfg.train, dist or Dist()
-    dev = dist.acc.device if dist.world > 1 else device_of(cfg)
-    check_precision(cfg)
-    torch.manual_seed(t.seed)
-    random.seed(t.seed)
-    np.random.seed(t.seed)
-    state = load_trainer_state(run.checkpoint) if resume and run.state.exists() else None
+def load_for_training(cfg: Config, run: RunDir, state: dict | None, policy, dev: str) -> tuple:
+    "The policy ready to train (LoRA, gradient checkpointing), checked against the config; its tokenizer; the reference"
     # float32 master weights whatever the compute dtype (the policy lesson); a LoRA run's checkpoint is an adapter
     model, tok, ref = start_policy(cfg, run, state, policy, dev)
-    check_fused_head(model, t.loss_kernel)
+    check_fused_head(model, cfg.train.loss_kernel)
     ctx = getattr(model.config, "max_position_embeddings", None)
     if ctx and cfg.rollout.max_new_tokens >= ctx:
         raise ConfigError(f"rollout.max_new_tokens: {cfg.rollout.max_new_tokens} "
@@ -160,22 +151,41 @@ def setup(cfg: Config, run: RunDir, resume: bool = False, dist: Dist | None = No
     model = with_lora(model, cfg)
     if cfg.model.gradient_checkpointing:  # transformers 5 renamed it
         (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
+    return model, tok, ref
+
+# %% ../nbs/11_trainer.ipynb #509a71b9
+def make_optimizer(model, cfg: Config, state: dict | None) -> torch.optim.Optimizer:
+    "AdamW over the trainable parameters, with a resumed one-process run's state (an FSDP2 run's loads after `prepare`)"
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=t.lr, betas=(0.9, 0.99), weight_decay=0.0)
-    own = own_state(state, dist) if state is not None else None
-    fmt = state.get("optimizer_format", "torch") if state is not None else None
-    if state is not None:
-        if fmt == "torch": opt.load_state_dict(state["optimizer"])
-        set_rng_state(own["rng"])
-    algo = make_algorithm(cfg, model)
-    if own is not None and own.get("algo") is not None: algo.load_state_dict(own["algo"])
-    # the weights the engine decodes: a copy in the compute dtype, or `model` itself (float32; an engine with its own)
+    opt = torch.optim.AdamW(params, lr=cfg.train.lr, betas=(0.9, 0.99), weight_decay=0.0)
+    if state is not None and state.get("optimizer_format", "torch") == "torch": opt.load_state_dict(state["optimizer"])
+    return opt
+
+def build_engine(cfg: Config, model, tok, dist: Dist) -> tuple:
+    "The engine and the weights it decodes: a copy in the compute dtype, or `model` itself (float32; its own weights)"
     gen = model if engine_caps(cfg).own_weights else generation_copy(model, cfg.model.dtype)
     if dist.kind == "fsdp" and gen is model:  # FSDP2 shards `model` in place: a whole copy to gather into
         gen = copy.deepcopy(model).to(DTYPES[cfg.model.dtype]).eval().requires_grad_(False)
-    engine = make_engine(cfg, gen, tok, dist=dist)
+    return make_engine(cfg, gen, tok, dist=dist), gen
+
+def setup(cfg: Config, run: RunDir, resume: bool = False, dist: Dist | None = None,
+          task: Task | None = None, # your own data and rewards (the rewards lesson); None: the config's
+          policy=None) -> Session: # a loaded `(model, tokenizer)` to train in place; None: `model.name_or_path`
+    "Seed; load the policy (the checkpoint's when resuming); build the optimizer, reference, algorithm and engine"
+    dist = dist or Dist()
+    dev = dist.acc.device if dist.world > 1 else device_of(cfg)
+    for seed in (torch.manual_seed, random.seed, np.random.seed): seed(cfg.train.seed)
+    state = load_trainer_state(run.checkpoint) if resume and run.state.exists() else None
+    model, tok, ref = load_for_training(cfg, run, state, policy, dev)
+    opt = make_optimizer(model, cfg, state)
+    own = own_state(state, dist) if state is not None else None
+    if own is not None: set_rng_state(own["rng"])
+    algo = make_algorithm(cfg, model)
+    if own is not None and own.get("algo") is not None: algo.load_state_dict(own["algo"])
+    engine, gen = build_engine(cfg, model, tok, dist)
     model, opt = dist.prepare(model, opt)  # DDP / FSDP2 with several processes; unchanged on one
-    if fmt == "fqn": load_optimizer_state(model, opt, state["optimizer"], fmt)  # an FSDP2 run's checkpoint
+    if state is not None and state.get("optimizer_format") == "fqn":  # an FSDP2 run's checkpoint
+        load_optimizer_state(model, opt, state["optimizer"], "fqn")
     algo.distribute(dist)
     s = Session(model, tok, opt, ref, algo, engine, Sampler(cfg, engine, tok, dist=dist, task=task),
                 state["step"] if state else 0, gen, dist)
@@ -251,6 +261,7 @@ def check_run(cfg: Config):
                           "install a CUDA build (make install TORCH=...), or --set train.device=cpu --set "
                           "rollout.engine=kit")
     algorithm_class(cfg.algo.name).check(cfg)
+    check_settings(cfg)  # `algo.NAME.FIELD`: a registered algorithm's own settings
     engine_class(cfg.rollout.engine).check(cfg)
     check_precision(cfg)
     check_trackers(cfg)  # a tracker that is not installed

@@ -5,21 +5,22 @@
 # %% ../nbs/10b_update.ipynb #e1d8e42c
 from __future__ import annotations
 import math
+from dataclasses import dataclass, field
 from functools import partial
-from typing import NamedTuple
+from typing import Callable
 import torch
 from .config import Config, ConfigError
-from .core import TrainItem, clipped_surrogate, entropy_from_logits, k3_kl
+from .core import (TrainItem, clipped_surrogate, entropy_from_logits, k3_kl, records_logprobs,
+                           token_weights)
 from .distributed import Dist, bare
-from .grpo import token_weights
 from .kernels import prefix_policy_loss
 from .policy import autocast, pack, token_logprobs
-from .sampler import records_logprobs
 
 # %% auto #0
 __all__ = ['forward_logprobs', 'MicroBatch', 'micro_batch_tensors', 'trainable', 'lm_weights', 'head_problem', 'check_fused_head',
-           'compute_dtype', 'head_inputs', 'kernel_logprobs', 'kernel_loss', 'tis_weights', 'active_tis_cap',
-           'sampler_kl', 'micro_batch_loss', 'policy_logprobs', 'zero_loss', 'update_epoch', 'update']
+           'compute_dtype', 'head_inputs', 'kernel_logprobs', 'tis_weights', 'active_tis_cap', 'sampler_kl', 'tis_of',
+           'with_carried', 'UpdateContext', 'kernel_loss', 'micro_batch_loss', 'policy_logprobs', 'zero_loss',
+           'update_epoch', 'update']
 
 # %% ../nbs/10b_update.ipynb #ec15c6ed
 def forward_logprobs(model, batch: dict, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -33,12 +34,17 @@ def forward_logprobs(model, batch: dict, temperature: float = 1.0) -> tuple[torc
     return lp, ent
 
 # %% ../nbs/10b_update.ipynb #f366a97a
-class MicroBatch(NamedTuple):
+@dataclass
+class MicroBatch:
+    "One micro-batch, packed once, with every tensor its loss reads"
     batch: dict  # a `pack` result
     mask: torch.Tensor  # [B, C] bool: the completion tokens that train
     adv: torch.Tensor  # [B, C] their advantages
-    sample: torch.Tensor | None  # [B, C] the engine's sampling log-probs, if the items carry them
-    carried: torch.Tensor | None  # [B, C] bool: trained tokens sampled in an earlier step, if any
+    sample: torch.Tensor | None = None  # [B, C] the engine's sampling log-probs, if the items carry them
+    carried: torch.Tensor | None = None  # [B, C] bool: trained tokens sampled in an earlier step, if any
+    old: torch.Tensor | None = None  # [B, C] π_old's log-probs, taken before the epochs (mu > 1); None: this pass's
+    ref: torch.Tensor | None = None  # [B, C] the reference model's log-probs, when the loss has a KL term
+    lm: torch.Tensor | None = None  # [B, C] the LM loss's per-token weights (`lm_weights`), if an item has one
 
 def micro_batch_tensors(items: list[TrainItem], pad_id: int, device=None) -> MicroBatch:
     ("A packed batch of `items` with the tokens that train, their advantages, sampling log-probs and "
@@ -52,13 +58,13 @@ def micro_batch_tensors(items: list[TrainItem], pad_id: int, device=None) -> Mic
         raise ValueError("some train items carry sample_logprobs and some do not")
     sample = torch.zeros(len(items), C, device=device) if all(with_lp) else None
     for j, it in enumerate(items):
-        mask[j, it.start:it.n_train] = True
-        if it.token_adv is not None: adv[j, it.start:it.n_train] = torch.tensor(it.token_adv, device=device)
+        mask[j, it.start:it.end] = True
+        if it.token_adv is not None: adv[j, it.start:it.end] = torch.tensor(it.token_adv, device=device)
         if sample is not None:
-            if len(it.sample_logprobs) < it.n_train:
-                raise ValueError(f"item {j}: {len(it.sample_logprobs)} sample_logprobs for {it.n_train} "
+            if len(it.sample_logprobs) < it.end:
+                raise ValueError(f"item {j}: {len(it.sample_logprobs)} sample_logprobs for {it.end} "
                                  "trained tokens")
-            sample[j, :it.n_train] = torch.tensor(it.sample_logprobs[:it.n_train], device=device)
+            sample[j, :it.end] = torch.tensor(it.sample_logprobs[:it.end], device=device)
     carried = None
     if any(it.carried for it in items):
         if sample is None: raise ValueError("train items with carried tokens need their sample_logprobs")
@@ -70,7 +76,7 @@ def trainable(items: list[TrainItem], with_kl: bool = False) -> list[TrainItem]:
     ("The items that can carry a gradient: some tokens to train and a non-zero advantage (or a KL term); or "
      "an LM term")
     return [it for it in items if it.lm_weight > 0
-            or (it.n_train > it.start and (it.advantage != 0.0 or it.token_adv is not None or with_kl))]
+            or (it.end > it.start and (it.advantage != 0.0 or it.token_adv is not None or with_kl))]
 
 def lm_weights(items: list[TrainItem], mb: MicroBatch, n_lm: int) -> torch.Tensor | None:
     ("Per-token weights [B, C] of the LM loss: `lm_weight / n_lm` on every completion token of items with "
@@ -129,20 +135,6 @@ def kernel_logprobs(h: torch.Tensor, W: torch.Tensor, targets: torch.Tensor, m: 
     return prefix_policy_loss(h.detach(), W.detach(), targets, zeros, zeros, m, impl=impl,
                               return_stats=True)[1]["logp"]
 
-def kernel_loss(model, batch: dict, mask: torch.Tensor, adv: torch.Tensor, weights: torch.Tensor,
-                old_logp: torch.Tensor | None, cfg: Config, tis=None, fix_old=None) -> tuple:
-    "Σ weights·(clipped surrogate) via `prefix_policy_loss`; the clipped flags and the old log-probs [B, C]"
-    h, W, targets, m = head_inputs(model, batch, mask, cfg.rollout.temperature)
-    impl = cfg.train.loss_kernel
-    if old_logp is None: old_logp = kernel_logprobs(h, W, targets, m, impl).view_as(mask)
-    if fix_old is not None: old_logp = fix_old(old_logp)
-    # reduction and IS weights, per token
-    scale = weights * mask.sum() * (tis(old_logp) if tis is not None else 1.0)
-    loss, stats = prefix_policy_loss(h, W, targets, old_logp.reshape(-1).float(),
-                                     (adv * scale).reshape(-1), m,
-                                     cfg.algo.eps_low, cfg.algo.eps_high, impl=impl, return_stats=True)
-    return loss, stats["clipped"].view_as(mask), old_logp
-
 # %% ../nbs/10b_update.ipynb #82dfa1d8
 def tis_weights(old_logp: torch.Tensor, sample_logp: torch.Tensor, cap: float) -> torch.Tensor:
     "Per-token truncated importance weights min(π_old / μ, cap), detached"
@@ -157,41 +149,77 @@ def sampler_kl(old_logp: torch.Tensor, sample_logp: torch.Tensor) -> torch.Tenso
     "Per-token k3 estimate of KL(μ ‖ π_old) on tokens sampled from μ"
     return k3_kl(sample_logp.float(), old_logp.detach().float())
 
+def tis_of(mb: MicroBatch, cap: float):
+    "`mb`'s TIS weights as a function of the old log-probs; None without sampling log-probs or with the cap off"
+    return partial(tis_weights, sample_logp=mb.sample, cap=cap) if mb.sample is not None and cap > 0 else None
+
+def with_carried(mb: MicroBatch, old: torch.Tensor) -> torch.Tensor:
+    "The old log-probs [B, C], carried tokens' replaced by their sampling log-probs (an earlier policy drew them)"
+    return old if mb.carried is None else torch.where(mb.carried, mb.sample, old)
+
 # %% ../nbs/10b_update.ipynb #9d7d0838
-def micro_batch_loss(model, batch: dict, mask: torch.Tensor, adv: torch.Tensor, weights: torch.Tensor,
-                     old_logp: torch.Tensor | None, ref_logp: torch.Tensor | None, cfg: Config, surrogate,
-                     sample_logp: torch.Tensor | None = None, carried: torch.Tensor | None = None,
-                     lm: torch.Tensor | None = None) -> tuple: # `lm_weights`, or None
-    ("(loss, clipped [B, C], kl [B, C], entropy over trained tokens, old log-probs [B, C], LM term) of a "
-     "micro-batch")
-    cap = active_tis_cap(cfg)
-    tis = (partial(tis_weights, sample_logp=sample_logp, cap=cap) if sample_logp is not None and cap > 0
-           else None)
-    fix_old = (lambda old: torch.where(carried, sample_logp, old)) if carried is not None else None
+@dataclass
+class UpdateContext:
+    "What every micro-batch of one update shares: the config, the surrogate, the batch-wide counts, the processes"
+    cfg: Config
+    surrogate: Callable  # (logp, old_logp, adv) -> (per-token loss, clipped): the algorithm's
+    n_seqs: int  # sequences with a trained token, over every process
+    n_tokens: int  # trained tokens, over every process
+    pad_id: int = 0
+    dist: Dist = field(default_factory=Dist)
+    rounds: int = 1  # backward passes every process makes: the busiest process's micro-batches
+    tis_cap: float = field(init=False)  # `active_tis_cap(cfg)`, computed once
+
+    def __post_init__(self): self.tis_cap = active_tis_cap(self.cfg)
+
+    def weights(self, mask: torch.Tensor) -> torch.Tensor:
+        "Per-token weights [B, C] of a micro-batch: its share of the batch-wide reduction (`token_weights`)"
+        c = self.cfg
+        return token_weights(mask, c.algo.reduction, self.n_seqs, self.n_tokens, c.rollout.max_new_tokens)
+
+def kernel_loss(model, mb: MicroBatch, weights: torch.Tensor, ctx: UpdateContext) -> tuple:
+    "Σ weights·(clipped surrogate) via `prefix_policy_loss`; the clipped flags and the old log-probs [B, C]"
+    cfg, impl = ctx.cfg, ctx.cfg.train.loss_kernel
+    h, W, targets, m = head_inputs(model, mb.batch, mb.mask, cfg.rollout.temperature)
+    old = mb.old if mb.old is not None else kernel_logprobs(h, W, targets, m, impl).view_as(mb.mask)
+    old = with_carried(mb, old)
+    tis = tis_of(mb, ctx.tis_cap)
+    # the reduction's and the IS weights, folded into the advantage of each token
+    scale = weights * mb.mask.sum() * (tis(old) if tis is not None else 1.0)
+    loss, stats = prefix_policy_loss(h, W, targets, old.reshape(-1).float(), (mb.adv * scale).reshape(-1), m,
+                                     cfg.algo.eps_low, cfg.algo.eps_high, impl=impl, return_stats=True)
+    return loss, stats["clipped"].view_as(mb.mask), old
+
+def micro_batch_loss(model, mb: MicroBatch, weights: torch.Tensor, ctx: UpdateContext) -> tuple:
+    """(loss, clipped [B, C], KL [B, C] or None, entropy summed over the trained tokens or None, old log-probs
+    [B, C], LM term) of one micro-batch; KL is None without a reference, entropy None on the fused path"""
+    cfg = ctx.cfg
     if cfg.train.loss_kernel != "naive":
-        if lm is not None: raise ValueError("the LM loss (TrainItem.lm_weight) needs train.loss_kernel=naive")
-        loss, clipped, old = kernel_loss(model, batch, mask, adv, weights, old_logp, cfg, tis, fix_old)
-        return loss, clipped, torch.zeros_like(weights), float("nan"), old, 0.0
-    logp, ent = forward_logprobs(model, batch, cfg.rollout.temperature)
-    old = old_logp if old_logp is not None else logp.detach()
-    if fix_old is not None: old = fix_old(old)
-    tok_loss, clipped = surrogate(logp, old, adv)
+        if mb.lm is not None: raise ValueError("the LM loss (TrainItem.lm_weight) needs train.loss_kernel=naive")
+        loss, clipped, old = kernel_loss(model, mb, weights, ctx)
+        # the fused kernel takes no KL term (the config refuses beta > 0 with it) and computes no entropy
+        return loss, clipped, None, None, old, 0.0
+    logp, ent = forward_logprobs(model, mb.batch, cfg.rollout.temperature)
+    old = with_carried(mb, mb.old if mb.old is not None else logp.detach())
+    tok_loss, clipped = ctx.surrogate(logp, old, mb.adv)
+    tis = tis_of(mb, ctx.tis_cap)
     if tis is not None: tok_loss = tok_loss * tis(old)
-    kl = k3_kl(logp, ref_logp) if ref_logp is not None else torch.zeros_like(logp)
-    # TRL's use_bias_correction_kl: k3 times the ratio π/π_old, through which the gradient also flows
-    kl_term = kl * torch.exp(logp - old) if cfg.algo.kl_bias_correction and ref_logp is not None else kl
+    kl, kl_term = (k3_kl(logp, mb.ref), None) if mb.ref is not None else (None, 0.0)
+    if kl is not None:
+        # TRL's use_bias_correction_kl: k3 times the ratio π/π_old, through which the gradient also flows
+        kl_term = kl * torch.exp(logp - old) if cfg.algo.kl_bias_correction else kl
     loss = ((tok_loss + cfg.algo.beta * kl_term) * weights).sum()
-    lm_term = -(logp * lm).sum() if lm is not None else None  # the NLL of the LM tokens, weighted
+    # the NLL of the LM tokens, weighted
+    lm_term = -(logp * mb.lm).sum() if mb.lm is not None else None
     if lm_term is not None: loss = loss + lm_term
-    return (loss, clipped, kl.detach(), (ent * mask).sum().item(), old,
+    return (loss, clipped, None if kl is None else kl.detach(), (ent * mb.mask).sum().item(), old,
             lm_term.item() if lm_term is not None else 0.0)
 
 # %% ../nbs/10b_update.ipynb #8c591b2c
 @torch.no_grad()
 def policy_logprobs(model, batch: dict, mask: torch.Tensor, cfg: Config,
                     kernel: bool | None = None) -> torch.Tensor:
-    ("Log-probs [B, C] of a packed batch's completion tokens, computed as the loss path computes them, "
-     "without gradient")
+    "Log-probs [B, C] of a packed batch's completion tokens, computed as the loss path computes them, no gradient"
     with autocast(cfg.model.dtype, batch["input_ids"].device):
         if not (cfg.train.loss_kernel != "naive" if kernel is None else kernel):
             return forward_logprobs(model, batch, cfg.rollout.temperature)[0]
@@ -202,69 +230,60 @@ def zero_loss(model, pad_id: int, dev) -> torch.Tensor:
     "A zero loss through the whole model: a process with nothing to train still joins the gradient all-reduce"
     return model(input_ids=torch.full((1, 1), pad_id, device=dev), use_cache=False).logits.float().sum() * 0.0
 
-def update_epoch(model, batches: list[MicroBatch], old: list, ref: list, cfg: Config, surrogate, n_seqs: int,
-                 n_tokens: int, dist: Dist, pad_id: int, dev, rounds: int, lms: list | None = None) -> dict:
-    ("One epoch: `rounds` backward passes (this process's micro-batches, then zero ones), all-reduced after "
-     "the last")
+def update_epoch(model, batches: list[MicroBatch], ctx: UpdateContext) -> dict:
+    "One epoch: `ctx.rounds` backward passes (this process's micro-batches, then zero ones), all-reduced after the last"
     tot = dict(loss=0.0, clip=0.0, kl=0.0, ent=0.0, tok=0, skl=0.0, capped=0.0, lm=0.0)
-    cap, none = active_tis_cap(cfg), [None] * len(batches)
-    for i, last in dist.passes(model, len(batches), lambda: zero_loss(model, pad_id, dev), rounds):
-        (batch, mask, adv, sample, carried), old_lp, ref_lp = batches[i], old[i], ref[i]
-        weights = token_weights(mask, cfg.algo.reduction, n_seqs, n_tokens, cfg.rollout.max_new_tokens)
+    dev, dist, cap = next(model.parameters()).device, ctx.dist, ctx.tis_cap
+    for i, last in dist.passes(model, len(batches), lambda: zero_loss(model, ctx.pad_id, dev), ctx.rounds):
+        mb = batches[i]
         with dist.sync_if(model, last=last):
-            with autocast(cfg.model.dtype, dev):
-                loss, clipped, kl, ent, o, lm = micro_batch_loss(model, batch, mask, adv, weights, old_lp,
-                                                                 ref_lp, cfg, surrogate, sample,
-                                                                 carried, (lms or none)[i])
-            dist.backward(loss)  # outside autocast, as PyTorch recommends
-        mf = mask.float()
+            with autocast(ctx.cfg.model.dtype, dev):
+                loss, clipped, kl, ent, old, lm = micro_batch_loss(model, mb, ctx.weights(mb.mask), ctx)
+            # outside autocast, as PyTorch recommends
+            dist.backward(loss)
+        mf = mb.mask.float()
         tot["loss"] += loss.item()
         tot["tok"] += int(mf.sum())
         tot["lm"] += lm
         tot["clip"] += (clipped.float() * mf).sum().item()
-        tot["kl"] += (kl * mf).sum().item()
-        tot["ent"] += ent
-        if sample is not None:
-            tot["skl"] += (sampler_kl(o, sample) * mf).sum().item()
-            if cap > 0: tot["capped"] += ((tis_weights(o, sample, cap) >= cap) * mf).sum().item()
+        if kl is not None: tot["kl"] += (kl * mf).sum().item()
+        # an entropy the loss did not compute makes the epoch's unknown (reported as None)
+        tot["ent"] += ent if ent is not None else math.nan
+        if mb.sample is not None:
+            tot["skl"] += (sampler_kl(old, mb.sample) * mf).sum().item()
+            if cap > 0: tot["capped"] += ((tis_weights(old, mb.sample, cap) >= cap) * mf).sum().item()
     return tot
 
 def update(model, opt, items: list[TrainItem], cfg: Config, pad_id: int, ref_model=None, surrogate=None,
            # `dist`: this process's place in a scale-out run (none: one process)
            dist: Dist | None = None) -> dict:
-    ("PPO epochs over `items`; returns metrics (trained_tokens, clip_frac, kl, entropy, grad_norm, skipped, "
-     "loss, …)")
+    "PPO epochs over `items`; returns metrics (trained_tokens, clip_frac, kl, entropy, grad_norm, skipped, loss, …)"
     tc, ac, dist = cfg.train, cfg.algo, dist or Dist()
-    surrogate = surrogate or partial(clipped_surrogate, eps_low=ac.eps_low, eps_high=ac.eps_high)
     with_kl = ref_model is not None and ac.beta > 0
     live = trainable(items, with_kl)
-    # the denominators count every item, of every process
+    # the denominators count every item, of every process; the LM loss is a mean over its own tokens
     n_tokens, n_seqs, n_live, n_lm = (int(x) for x in dist.sum([
-        sum(max(0, it.n_train - it.start) for it in items), sum(it.n_train > it.start for it in items),
-        len(live),
-        # the LM loss: a mean over its tokens
-        sum(len(it.completion_ids) for it in items if it.lm_weight > 0)]))
+        sum(max(0, it.end - it.start) for it in items), sum(it.end > it.start for it in items),
+        len(live), sum(len(it.completion_ids) for it in items if it.lm_weight > 0)]))
     mets = dict(trained_tokens=0, clip_frac=0.0, kl=0.0, entropy=0.0, grad_norm=0.0, grad_clipped=0.0,
                 skipped=0, loss=0.0)
     if not n_live: return mets
-    cap = active_tis_cap(cfg)
-    dev = next(model.parameters()).device
-    batches = [micro_batch_tensors(live[i:i + tc.micro_batch], pad_id, dev)
-               for i in range(0, len(live), tc.micro_batch)]
-    none, rounds = [None] * len(batches), dist.max(len(batches))
-    lms = [lm_weights(live[i * tc.micro_batch:(i + 1) * tc.micro_batch], mb, n_lm)
-           for i, mb in enumerate(batches)]
-    old = [policy_logprobs(model, mb.batch, mb.mask, cfg) for mb in batches] if tc.mu > 1 else none
+    dev, k = next(model.parameters()).device, tc.micro_batch
+    batches = [micro_batch_tensors(live[i:i + k], pad_id, dev) for i in range(0, len(live), k)]
+    surrogate = surrogate or partial(clipped_surrogate, eps_low=ac.eps_low, eps_high=ac.eps_high)
+    ctx = UpdateContext(cfg, surrogate, n_seqs, n_tokens, pad_id, dist, rounds=dist.max(len(batches)))
+    for i, mb in enumerate(batches):
+        mb.lm = lm_weights(live[i * k:(i + 1) * k], mb, n_lm)
+        if tc.mu > 1: mb.old = policy_logprobs(model, mb.batch, mb.mask, cfg)
     if tc.mu > 1:  # the forwards other processes make, matched (FSDP2)
-        with torch.no_grad(): [zero_loss(model, pad_id, dev) for _ in range(rounds - len(batches))]
-    ref = [policy_logprobs(ref_model, mb.batch, mb.mask, cfg, kernel=False)
-           for mb in batches] if with_kl else none
+        with torch.no_grad(): [zero_loss(model, pad_id, dev) for _ in range(ctx.rounds - len(batches))]
+    if with_kl:
+        for mb in batches: mb.ref = policy_logprobs(ref_model, mb.batch, mb.mask, cfg, kernel=False)
     with_sample = dist.any(bool(batches) and batches[0].sample is not None)
     model.train()
     for _ in range(tc.mu):
         opt.zero_grad(set_to_none=True)
-        tot = update_epoch(model, batches, old, ref, cfg, surrogate, n_seqs, n_tokens, dist, pad_id, dev,
-                           rounds, lms)
+        tot = update_epoch(model, batches, ctx)
         tot = dict(zip(tot, dist.sum(list(tot.values()))))  # over every process
         grad_norm = dist.clip_grad_norm_(model.parameters(), tc.grad_clip)
         if not (math.isfinite(tot["loss"]) and torch.isfinite(grad_norm)):
@@ -280,6 +299,6 @@ def update(model, opt, items: list[TrainItem], cfg: Config, pad_id: int, ref_mod
                     clip_frac=tot["clip"] / n, kl=tot["kl"] / n, entropy=ent if math.isfinite(ent) else None)
         if n_lm: mets.update(lm_loss=tot["lm"], lm_tokens=n_lm)  # the weighted NLL term, and its tokens
         if with_sample:
-            mets.update(sampler_kl=tot["skl"] / n, tis_capped=tot["capped"] / n if cap > 0 else None)
+            mets.update(sampler_kl=tot["skl"] / n, tis_capped=tot["capped"] / n if ctx.tis_cap > 0 else None)
     model.eval()
     return mets

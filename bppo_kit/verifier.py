@@ -648,6 +648,8 @@ _E_RE = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)[eE][-+]?\d{1,3}")  # 2.5e3
 # 10^3, 2^{10}: at most 400 digits
 _POWER = re.compile(r"([1-9]\d{0,3})\s*\^\s*(?:\{\s*(-?\d{1,2})\s*\}|(\d))")
 _MIXED = re.compile(r"([-+]?)(\d{1,3}(?: \d{3})+|\d+) (\d+)/(\d+)")  # 2 1/2, 1 000 4/9
+
+# %% ../nbs/01_verifier.ipynb #f8ffb57d
 # 11 6/6 and 4 4/0 are no mixed numbers
 def _proper(m: re.Match) -> bool: return int(m.group(3)) < int(m.group(4))
 def to_number(s: str) -> Fraction | None:

@@ -33,7 +33,8 @@ SHOWN = ["algo.name", "rollout.group_size", "train.prompts_per_step", "train.ste
          "algo.eps_low", "algo.eps_high", "algo.prefix_mode", "algo.prefix_ratio", "rollout.temperature",
          "rollout.max_new_tokens", "train.seed", "data.eval_size", "train.eval_every"]
 SHOWN_PATTERNS = ("window",)  # e.g. a T-PPO window length joins the curated list as soon as the config has it
-HIDDEN = {"train.out"}  # set by the panel: one run folder per run
+# set by the panel (one run folder per run), and a registered algorithm's own settings (`algo.NAME.FIELD`)
+HIDDEN = {"train.out", "algo.settings"}
 LABELS = {"algo.name": "algorithm", "train.prompts_per_step": "prompts per step",
           "rollout.max_new_tokens": "max new tokens"}
 UI_RANGES = {  # key -> (low, high, step, log scale); clipped to the field's own range

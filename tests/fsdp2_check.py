@@ -73,7 +73,7 @@ def main(out: Path):
         lr = cfg.train.lr
         base, tok = load_policy(cfg.model.name_or_path, "float32", "cpu")
         items = items_for(1)
-        for it in items: it.n_train = len(it.completion_ids) - 1  # most of each completion trains
+        for it in items: it.end = len(it.completion_ids) - 1  # most of each completion trains
         one = copy.deepcopy(base)  # the one-process reference, on every process
         update(one, torch.optim.AdamW(one.parameters(), lr=lr, betas=(0.9, 0.99), weight_decay=0.0), items, cfg,
                tok.pad_token_id)

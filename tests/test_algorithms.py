@@ -55,3 +55,26 @@ def test_cli_trains_a_plugin_algorithm(tmp_path):
     rows = read_jsonl_rows(out / "metrics.jsonl")
     assert [x["step"] for x in rows] == [0, 1, 2] and all("baseline_mean" in x for x in rows)
     assert (out / "checkpoint" / "trainer_state.pt").exists() and len(read_jsonl_rows(out / "eval.jsonl")) == 2
+
+
+def test_plugin_settings_come_from_set(tmp_path):
+    "`--set algo.reinforce.baseline=none` reaches the plugin's settings dataclass; a wrong field: one line, exit 2"
+    outs = {}
+    for baseline in ("group", "none"):
+        out = outs[baseline] = tmp_path / baseline
+        cmd = bppo_cmd() + ["train", "--plugin", str(PLUGIN), "--algo", "reinforce", "--steps", "1", "--out", str(out),
+                            "--quiet", "--set", f"algo.reinforce.baseline={baseline}", "--set", "train.eval_every=0"]
+        r = subprocess.run(cmd + [a for o in SMALL for a in ("--set", o)], capture_output=True, text=True,
+                           timeout=900, cwd=ROOT)
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert f"baseline: {baseline}" in (out / "config.yaml").read_text()  # the run folder records it
+    g, n = (read_jsonl_rows(outs[b] / "metrics.jsonl")[0] for b in ("group", "none"))
+    assert g["generated_tokens"] == n["generated_tokens"]  # the same samples ...
+    # ... other advantages: with the raw reward only the correct completions train; with the group's mean, every
+    # completion of a group whose rewards differ
+    assert n["trained_tokens"] != g["trained_tokens"] and n["selected_sequences"] == g["selected_sequences"]
+    bad = subprocess.run(bppo_cmd() + ["train", "--plugin", str(PLUGIN), "--algo", "reinforce", "--steps", "1",
+                                       "--out", str(tmp_path / "bad"), "--set", "algo.reinforce.baselin=none"],
+                         capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert bad.returncode == 2, bad.stderr
+    assert "algo.reinforce.baselin: reinforce has no setting 'baselin'" in bad.stderr, bad.stderr

@@ -1,5 +1,6 @@
 """The notebook experience in a real browser: JupyterLab runs the widgets lesson, a slider is moved, Run is pressed
-twice and the live plot shows both runs (screenshot: runs/browser/panel.png); the docs site's links all resolve.
+twice and the live plot shows both runs (screenshot: runs/browser/panel.png); the docs site's links all resolve, and its
+index shows the headline table and figure (screenshots: runs/browser/docs_*.png).
 
 Needs Debian's `chromium` (or `$BPPO_CHROMIUM`) and the `playwright` package (dev extra; its own browser downloads are
 never used); skipped otherwise. Run it alone: `python -m pytest -m browser tests/test_browser.py -s`."""
@@ -154,21 +155,34 @@ def test_widgets_panel_in_jupyterlab(lab, browser):
     assert shot.stat().st_size > 10_000
     assert not [e for e in errors if "widget" in e.lower()], errors
 
-@pytest.mark.slow  # builds the docs site, then follows every link in Chromium (28 s on 2 busy cores)
-def test_docs_links(browser, tmp_path):
-    "Build the site from the stored notebooks (no execution) and follow every local link from the index in Chromium"
-    out = tmp_path / "site"
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> Path:
+    "The docs site built from the stored notebooks (no execution), as `make docs` builds it without Quarto"
+    out = tmp_path_factory.mktemp("docs") / "site"
     r = subprocess.run([sys.executable, str(ROOT / "tools" / "build_docs.py"), "--no-exec", "--out", str(out)],
                        capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    return out
+
+def expected_pages() -> set[str]:
+    "Every page the index must link: each lesson and tutorial, each results page, each guide"
+    sys.path.insert(0, str(ROOT / "tools"))
+    from build_docs import all_notebooks, page_name
+    return ({page_name(p) for p in all_notebooks()}
+            | {f"results_{p.stem}.html" for p in (ROOT / "docs" / "results").glob("*.md")}
+            | {f"guide_{p.stem}.html" for p in (ROOT / "docs" / "guides").glob("*.md")})
+
+@pytest.mark.slow  # builds the docs site, then follows every link in Chromium (28 s on 2 busy cores)
+def test_docs_links(browser, site):
+    "Follow every local link from the built index in Chromium: every lesson, tutorial, guide and results page is there"
+    out = site
     sites = [out] + ([ROOT / "docs"] if (ROOT / "docs" / "index.html").exists() else [])  # and the built site, if any
     page = browser.new_page()
     for site in sites:
         page.goto((site / "index.html").as_uri())
         hrefs = page.eval_on_selector_all("a[href]", "as => as.map(a => a.href)")
-        notebooks = sorted((ROOT / "nbs").glob("*.ipynb")) + sorted((ROOT / "nbs" / "tutorials").glob("*.ipynb"))
-        results = sorted((ROOT / "docs" / "results").glob("*.md"))  # and every results page
-        if site == out: assert len(hrefs) == len(notebooks) + len(results), (len(hrefs), len(notebooks), len(results))
+        linked = {Path(urllib.request.url2pathname(h.split("#")[0][len("file://"):])).name for h in hrefs}
+        if site == out: assert expected_pages() <= linked, expected_pages() - linked
         seen, todo, broken = set(), list(hrefs), []
         while todo:  # every page reachable from the index, and every local link on it
             h = todo.pop()
@@ -181,10 +195,38 @@ def test_docs_links(browser, tmp_path):
             assert page.title(), u
             todo += page.eval_on_selector_all("a[href]", "as => as.map(a => a.href)")
         assert not broken, f"broken links in {site}: {broken}"
-        assert len(seen) >= len(hrefs)
+        assert len(seen) >= len({h.split('#')[0] for h in hrefs})  # every page the index links was opened
     r = subprocess.run([sys.executable, str(ROOT / "tools" / "build_docs.py"), "--check", "--out", str(out)],
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stdout  # anchors too
+
+def loaded_tables_and_figures(page, within: str = "") -> tuple[list[str], list[int]]:
+    """The text of every table's header row on `page` (inside the CSS selector `within`), and the natural width of every
+    image (0: it did not load)"""
+    heads = page.eval_on_selector_all(f"{within} table tr:first-child", "rs => rs.map(r => r.innerText)")
+    widths = page.eval_on_selector_all(f"{within} img", "is => is.map(i => i.complete ? i.naturalWidth : 0)")
+    return heads, widths
+
+@pytest.mark.slow
+def test_docs_headline_and_results_page(browser, site):
+    "The built index shows the README's headline table and figure; a results page shows its tables and figures"
+    page = browser.new_page(viewport={"width": 1280, "height": 1000})
+    page.goto((site / "index.html").as_uri())
+    page.wait_for_load_state("load")
+    heads, widths = loaded_tables_and_figures(page, "#headline")
+    rows = page.eval_on_selector_all("#headline table tr", "rs => rs.map(r => r.innerText)")
+    assert any("accuracy" in h for h in heads), heads
+    for algo in ("GRPO", "BPPO", "T-PPO"): assert any(r.startswith(algo) for r in rows), (algo, rows)
+    assert widths and all(w > 100 for w in widths), widths  # the figure loaded
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.locator("#headline").screenshot(path=str(ARTIFACTS / "docs_headline.png"))
+    link = page.eval_on_selector("#headline table a[href*='results_']", "a => a.href")
+    page.goto(link)
+    page.wait_for_load_state("load")
+    heads, widths = loaded_tables_and_figures(page)
+    assert len(heads) >= 2 and widths and all(w > 100 for w in widths), (heads, widths)
+    page.screenshot(path=str(ARTIFACTS / "docs_results_page.png"))
+    assert (ARTIFACTS / "docs_headline.png").stat().st_size > 10_000
 
 TUTORIALS = sorted(p.name for p in (ROOT / "nbs" / "tutorials").glob("*.ipynb"))
 

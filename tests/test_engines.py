@@ -4,7 +4,7 @@ import subprocess, sys
 import pytest
 from bppo_kit.config import ConfigError, data_dir, get_config
 from bppo_kit.core import ENGINES, EngineCaps, engine_caps
-from bppo_kit.sampler import records_logprobs
+from bppo_kit.core import records_logprobs
 from bppo_kit.trainer import train
 
 needs_policy = pytest.mark.skipif(not (data_dir() / "tiny_policy" / "config.json").exists(),

@@ -100,7 +100,7 @@ def _head_grad(dtype, kernel, monkeypatch=None):
     "Run one `update` (mu = 2, lr 0) on fixed items; the calls the fused loss got, and the head's gradient"
     tok = char_tokenizer()
     model = _small_qwen(tok)
-    items = [TrainItem(tok("Q: 1+2\nA:")["input_ids"], tok(s)["input_ids"] + [tok.eos_token_id], a, n_train=n)
+    items = [TrainItem(tok("Q: 1+2\nA:")["input_ids"], tok(s)["input_ids"] + [tok.eos_token_id], a, end=n)
              for s, a, n in (("3 #### 3", 1.0, 5), ("4", -1.0, 2), ("12", 0.5, 3))]
     cfg = get_config("cpu-demo", overrides=[f"model.dtype={dtype}", f"train.loss_kernel={kernel}", "train.mu=2",
                                             "train.micro_batch=2"])

@@ -31,10 +31,9 @@ def test_every_token_trained_once_with_its_old_logprobs(tmp_path, monkeypatch, w
         return after(self, pad_id)
     monkeypatch.setattr(TPPO, "after_update", spy_after)
     loss = upd.micro_batch_loss
-    def spy_loss(model, batch, mask, adv, weights, old_logp, ref_logp, cfg, surrogate, sample=None, carried=None,
-                 lm=None):
-        out = loss(model, batch, mask, adv, weights, old_logp, ref_logp, cfg, surrogate, sample, carried, lm)
-        olds.append((mask, sample, carried, out[4].detach()))
+    def spy_loss(model, mb, weights, ctx):
+        out = loss(model, mb, weights, ctx)
+        olds.append((mb.mask, mb.sample, mb.carried, out[4].detach()))
         return out
     monkeypatch.setattr(upd, "micro_batch_loss", spy_loss)
     cfg = get_config("cpu-demo", overrides=[
@@ -127,7 +126,7 @@ def test_lm_loss_touches_only_finished_correct_tokens(tmp_path, monkeypatch):
         seen += len(lm_items)
         algo.after_update(tok.pad_token_id)
     assert seen > 0
-    zero = [TrainItem(it.prompt_ids, it.completion_ids, 0.0, it.n_train, it.start, [0.0] * (it.n_train - it.start),
+    zero = [TrainItem(it.prompt_ids, it.completion_ids, 0.0, it.end, it.start, [0.0] * (it.end - it.start),
                       lm_weight=it.lm_weight) for it in items]
     lm_items = [it for it in zero if it.lm_weight > 0]
     assert lm_items and len(lm_items) < len(zero)

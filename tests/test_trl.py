@@ -135,7 +135,7 @@ def test_advantages_and_prefixes_equal_the_kits_bppo(trained):
         _, kit, metrics, rows = step_view(trainer, log, eos, kcfg, step)
         assert sorted(rows) == sorted(kit)
         for i, (_, mask, adv) in rows.items():
-            assert int(mask.sum()) == kit[i].n_train
+            assert int(mask.sum()) == kit[i].end
             assert abs(adv - kit[i].advantage) <= 1e-6, (step, i, adv, kit[i].advantage)
         n_tok = sum(int(s["completion_mask"].sum()) for s in trainer.seen[2 * step:2 * step + 2])
         assert n_tok == metrics["prefix_tokens"]

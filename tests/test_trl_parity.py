@@ -27,11 +27,10 @@ from trl import GRPOConfig, GRPOTrainer
 from bppo_kit.config import get_config
 from bppo_kit.core import Completion, Rollout, TrainItem, clipped_surrogate
 from bppo_kit.data import Example
-from bppo_kit.distributed import Dist
 from bppo_kit.grpo import GRPO, TRL_DEFAULTS
 from bppo_kit.policy import char_tokenizer, load_policy
 from conftest import moved_policy
-from bppo_kit.update import micro_batch_tensors, policy_logprobs, update, update_epoch
+from bppo_kit.update import UpdateContext, micro_batch_tensors, policy_logprobs, update, update_epoch
 
 B, G, P, C = 8, 4, 5, 8  # completions (two groups), group size, prompt tokens, max_completion_length
 PAIRS = {"token": "dapo", "seq": "grpo", "constant": "dr_grpo"}  # kit reduction -> TRL loss_type
@@ -132,12 +131,12 @@ def kit_epoch(folder: str, b: dict, old: torch.Tensor, ref: torch.Tensor, reduct
     mb = micro_batch_tensors(items, tok.pad_token_id)
     assert mb.mask.shape == (B, C)
     # `update`'s denominators and surrogate
-    n_tokens, n_seqs = sum(it.n_train for it in items), sum(it.n_train > 0 for it in items)
+    n_tokens, n_seqs = sum(it.end for it in items), sum(it.end > 0 for it in items)
     surrogate = partial(clipped_surrogate, eps_low=cfg.algo.eps_low, eps_high=cfg.algo.eps_high)
+    mb.old, mb.ref = old, ref if beta else None
     model.train()
     model.zero_grad(set_to_none=True)
-    tot = update_epoch(model, [mb], [old], [ref if beta else None], cfg, surrogate, n_seqs, n_tokens, Dist(),
-                       tok.pad_token_id, torch.device("cpu"), 1)
+    tot = update_epoch(model, [mb], UpdateContext(cfg, surrogate, n_seqs, n_tokens, tok.pad_token_id))
     return tot["loss"], grads_of(model), tot["clip"]
 
 

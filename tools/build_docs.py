@@ -27,6 +27,7 @@ MD_PAGES = {"results": "results", "guides": "guide"}  # folder of docs/ -> prefi
 SKIP = re.compile(r"^#\|\s*(gpu|slow|eval:\s*false)\s*$", re.M)
 HIDE = re.compile(r"^#\|\s*hide\s*$", re.M)
 DIRECTIVE = re.compile(r"^#\|.*\n?", re.M)
+HEADLINE = re.compile(r"<!-- headline -->(.*?)<!-- /headline -->", re.S)  # the README's section the index shows
 NAV_CSS = """<style>.bppo-nav{font-family:system-ui,sans-serif;font-size:14px;padding:8px 16px;
 border-bottom:1px solid #ddd;display:flex;gap:1.5em;background:#fafafa}.bppo-nav a{text-decoration:none}</style>"""
 
@@ -73,18 +74,32 @@ def fix_links(body: str, here: str = "") -> str:
     body = re.sub(r'(href=")([^"#:]+?\.ipynb)(#[^"]*)?"', sub, body)
     return re.sub(r'(href=")([^"#:]+?\.md)(#[^"]*)?"', sub_md, body)
 
+def copy_images(body: str, out: Path):
+    "Copy the figures a page shows (`src=\"images/x.png\"`) from docs/images into `out/images`: a site built elsewhere"
+    import shutil
+    for img in re.findall(r'src="images/([^"]+)"', body):
+        if (docs / "images" / img).is_file() and not (out / "images" / img).is_file():
+            (out / "images").mkdir(exist_ok=True)
+            shutil.copy(docs / "images" / img, out / "images" / img)
+
+def headline_html(out: Path) -> str:
+    "The README's headline table and figure (between its `<!-- headline -->` markers) as HTML for the index, or ''"
+    import mistune
+    m = HEADLINE.search((root / "README.md").read_text())
+    if not m: return ""
+    body = fix_links(mistune.html(m.group(1))).replace('src="docs/images/', 'src="images/')
+    copy_images(body, out)
+    return body
+
 def render_md_pages(out: Path, folder: Path) -> list[tuple[str, str]]:
     "Each markdown page of `folder` (`docs/results` or `docs/guides`) as `PREFIX_NAME.html`; [(file, title)]"
-    import shutil
     import mistune
     pages = []
     for md in sorted(folder.glob("*.md")):
         text = md.read_text()
         title = next((l[2:] for l in text.splitlines() if l.startswith("# ")), md.stem)
         body = fix_links(mistune.html(text), folder.name).replace('src="../images/', 'src="images/')
-        for img in re.findall(r'src="images/([^"]+)"', body):  # a site built elsewhere gets the figures it shows
-            if (docs / "images" / img).is_file() and not (out / "images" / img).is_file():
-                (out / "images").mkdir(exist_ok=True); shutil.copy(docs / "images" / img, out / "images" / img)
+        copy_images(body, out)
         name = f"{MD_PAGES[folder.name]}_{md.stem}.html"
         (out / name).write_text(f"""<!doctype html><html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
 <style>body{{font-family:system-ui,sans-serif;max-width:60rem;margin:2rem auto;line-height:1.5}}
@@ -135,9 +150,11 @@ def write_site(out: Path):
     items = lambda tut: "\n".join(f'<li><a href="{n}">{html.escape(t)}</a> — {html.escape(s)}</li>'
                                    for n, t, s, u in rows if u == tut)
     (out / "index.html").write_text(f"""<!doctype html><html><head><meta charset="utf-8"><title>bppo_kit</title>
-<style>body{{font-family:system-ui,sans-serif;max-width:52rem;margin:2rem auto;line-height:1.5}}</style></head><body>
-<h1>bppo_kit</h1><p>Efficient RL for reasoning language models — GRPO, BPPO and T-PPO on one engine,
+<style>body{{font-family:system-ui,sans-serif;max-width:60rem;margin:2rem auto;line-height:1.5}}
+table{{border-collapse:collapse}}td,th{{border:1px solid #ddd;padding:2px 6px}}img{{max-width:100%}}</style>
+</head><body><h1>bppo_kit</h1><p>Efficient RL for reasoning language models — GRPO, BPPO and T-PPO on one engine,
 one lesson per component.</p>
+<div id="headline">{headline_html(out)}</div>
 <h2>Lessons</h2><ul>{items(False) or '<li>(none built)</li>'}</ul>
 <h2>Tutorials</h2><ul>{items(True) or '<li>(none yet)</li>'}</ul>
 <h2>Guides</h2><ul>{gui or '<li>(none yet)</li>'}</ul>
