@@ -4,7 +4,7 @@
 
 # %% ../nbs/03c_core.ipynb #17487ca2
 from __future__ import annotations
-import importlib
+import importlib, warnings
 from dataclasses import dataclass, field, fields, is_dataclass
 import torch
 from .config import Config, ConfigError, check_value
@@ -171,6 +171,10 @@ class Algorithm:
 
     def on_finish(self, examples: list[Example]):
         "The engine's `on_finish` callback for this step's prompts, or None: every completion runs to its end"
+        if hasattr(self, "scheduler"):  # the name this method had before: an algorithm written for it still works
+            warnings.warn(f"{type(self).__name__}.scheduler is now called on_finish; rename it", DeprecationWarning,
+                          stacklevel=2)
+            return self.scheduler(examples)
         return None
 
     def budget(self, step: int) -> int | None:
