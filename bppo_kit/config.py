@@ -34,6 +34,7 @@ class ModelConfig:
     # the linear layers that get adapters: all-linear, or names like q_proj,v_proj
     lora_target: str = "all-linear"
 
+# %% ../nbs/00_config.ipynb #e08f7313
 @dataclass
 class DataConfig:
     # what to train on
@@ -54,6 +55,7 @@ class DataConfig:
     ops_tail: float = param(0.0, ge=0)
     max_ops: int = param(40, ge=2)  # the longest chain of the tail variant
 
+# %% ../nbs/00_config.ipynb #6cef2a4d
 @dataclass
 class RolloutConfig:
     # kit: the kit's continuous batching; hf: transformers' generate, the baseline; vllm: GPUs; or one you register
@@ -73,6 +75,7 @@ class RolloutConfig:
     # is the trainer's, while vLLM sleeps during the update
     gpu_memory_utilization: float = param(0.3, gt=0, le=1)
 
+# %% ../nbs/00_config.ipynb #3591f816
 @dataclass
 class AlgoConfig:
     # the algorithm the trainer plugs in: grpo, bppo, tppo, ppo, or one you register (core lesson)
@@ -158,6 +161,7 @@ class AlgoConfig:
     # NAT: share of each completion's tokens, drawn at random, that carry the policy loss (reweighted by 1 / share)
     token_frac: float = param(0.5, gt=0, le=1)
 
+# %% ../nbs/00_config.ipynb #73afd152
 @dataclass
 class TrainConfig:
     steps: int = param(100, ge=0)  # optimizer steps of RL
@@ -183,6 +187,7 @@ class TrainConfig:
     budget: float = param(0.0, ge=0)
     budget_unit: str = param("decode_steps", choices=["decode_steps", "generated_tokens", "wall_s"])
 
+# %% ../nbs/00_config.ipynb #cc941969
 @dataclass
 class SFTConfig:
     # the shipped policy's schedule, tied to steps (not wall time) to be reproducible
@@ -253,6 +258,7 @@ def check_value(name: str, # the dotted key, for the message
             raise ConfigError(f"{name}: must be {word} {m[k]}, got {v!r}")
     return v
 
+# %% ../nbs/00_config.ipynb #b01999db
 def validate(cfg: Config) -> Config:
     "Check every field of `cfg` against its type and range; raise `ConfigError` naming the first bad one"
     for sec in fields(cfg):
@@ -354,6 +360,7 @@ def _cpu_tail() -> Config:
     c.train.out = "runs/cpu-tail"
     return c
 
+# %% ../nbs/00_config.ipynb #69ec45d0
 def _gpu(model: str, task: str, group: int, max_new: int, out: str, micro_batch: int,
          vllm_share: float) -> Config:
     ("A GPU preset: bf16 compute, checkpointing and the fused loss, vLLM with `vllm_share` of the GPU "
@@ -373,6 +380,7 @@ def _chat(c: Config, system_prompt: str) -> Config:
     c.data.prompt_format, c.data.system_prompt = "chat", system_prompt
     return c
 
+# %% ../nbs/00_config.ipynb #92bddbdb
 PRESETS = {
     "tiny": Config,  # the shipped policy's SFT (the `sft` section) and its eval
     "cpu-demo": _cpu_demo,
