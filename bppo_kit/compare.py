@@ -17,7 +17,8 @@ from .api import RLTrainer
 # %% auto #0
 __all__ = ['VARIANTS', 'BUDGET_UNITS', 'EQUAL_COST', 'variant_config', 'budget_config', 'run_status', 'run_summary',
            'accuracy_at', 'aggregate', 'compare_figure', 'cost_table', 'baseline_target', 'equal_cost_table',
-           'equal_cost_figure', 'equal_budget_lines', 'write_report', 'compare']
+           'equal_cost_figure', 'equal_budget_lines', 'report_target', 'glance_table', 'held_table', 'gradient_table',
+           'write_report', 'compare']
 
 # %% ../nbs/11b_compare.ipynb #9c5dd79d
 # the progress budget, sooner and tighter: from 10% of training, 1.1x the recent correct lengths' 90th percentile
@@ -370,13 +371,9 @@ def equal_budget_lines(runs: dict[str, list[Path]]) -> list[str]: # variant -> i
         lines.append(f"| {n} | " + " | ".join(_fmt(a, "a", True) for a in accs) + " |")
     return lines
 
-# %% ../nbs/11b_compare.ipynb #1f32f61a
-def write_report(out: Path, runs: dict[str, list[Path]], # variant -> its run folders; first = the baseline
-                 # the accuracy of time-to-target; None = the baseline's final - tolerance
-                 target: float | None = None,
-                 tolerance: float = 0.01,
-                 budget: str | None = None) -> dict: # unit the others spent the baseline's total of, if any
-    "Summaries, `report.json`, `report.md` and `compare.png` (with a budget, `equal_cost.png`) for finished runs"
+# %% ../nbs/11b_compare.ipynb #fb1ddae1
+def report_target(runs: dict[str, list[Path]], target: float | None, tolerance: float) -> tuple:
+    "(target, the cheap subset evaluations' target, how the report words it): the given one, or the baseline's"
     base = next(iter(runs))
     how = f"the eval accuracy of {target:.3f}" if target is not None else None
     sub = None
@@ -385,6 +382,52 @@ def write_report(out: Path, runs: dict[str, list[Path]], # variant -> its run fo
         if (sub := baseline_target(runs, tolerance, "final_subset_accuracy")) is not None:
             how += (f" (on the cheap subset evaluations: {base}'s final accuracy on the same subset less "
                     f"the same, {sub:.3f})")
+    return target, sub, how
+
+def glance_table(agg: dict, base: str) -> list[str]:
+    "Markdown lines: each variant's final accuracy, length, step and update seconds, and speed-ups over `base`'s"
+    lines = ["| variant | final acc % | final greedy % | final tokens | step s | update s | trained "
+             "tokens/step | time to target s | slot use | step speed-up vs " + base + " | update speed-up |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for n, a in agg.items():
+        sp = agg[base]["step_s"]["mean"] / a["step_s"]["mean"]
+        up = agg[base]["update_s"]["mean"] / a["update_s"]["mean"]
+        lines.append(f"| {n} | {_fmt(a, 'final_accuracy', True)} | "
+                     f"{_fmt(a, 'final_greedy_accuracy', True)} | {_fmt(a, 'final_tokens')} | "
+                     f"{_fmt(a, 'step_s')} | {_fmt(a, 'update_s')} | {_fmt(a, 'trained_tokens')} | "
+                     f"{_fmt(a, 'time_to_target_s')} | {_fmt(a, 'slot_utilization')} | {sp:.2f}x | {up:.2f}x |")
+    return lines
+
+# %% ../nbs/11b_compare.ipynb #fd096013
+def held_table(agg: dict) -> list[str]:
+    "Markdown lines: time to target against time to a target that held at the next evaluation"
+    lines = ["| variant | time to target s | time to held target s | decode steps to held target | "
+             "step at held target |", "|---|---|---|---|---|"]
+    return lines + [f"| {n} | {_fmt(a, 'time_to_target_s')} | {_fmt(a, 'time_to_held_target_s')} | "
+                    f"{_fmt(a, 'decode_steps_to_held_target')} | {_fmt(a, 'step_at_held_target')} |"
+                    for n, a in agg.items()]
+
+def gradient_table(agg: dict, base: str) -> list[str]:
+    "Markdown lines: gradient norm, clip rate, steps, the target's step and tokens, the critic's explained variance"
+    lines = ["| variant | grad norm | clip rate % | steps | step at target | tokens at target "
+             f"| tokens vs {base}'s final | critic EV |", "|---|---|---|---|---|---|---|---|"]
+    for n, a in agg.items():
+        t, f = a.get("tokens_at_target"), agg[base].get("final_tokens")
+        tok = f"{t['mean'] / f['mean']:.2f}x" if t and f and f["mean"] else "–"
+        lines.append(f"| {n} | {_fmt(a, 'grad_norm')} | {_fmt(a, 'clip_rate', True)} | {_fmt(a, 'steps')} | "
+                     f"{_fmt(a, 'step_at_target')} | {_fmt(a, 'tokens_at_target')} | {tok} | "
+                     f"{_fmt(a, 'critic_ev')} |")
+    return lines
+
+# %% ../nbs/11b_compare.ipynb #1f32f61a
+def write_report(out: Path, runs: dict[str, list[Path]], # variant -> its run folders; first = the baseline
+                 # the accuracy of time-to-target; None = the baseline's final - tolerance
+                 target: float | None = None,
+                 tolerance: float = 0.01,
+                 budget: str | None = None) -> dict: # unit the others spent the baseline's total of, if any
+    "Summaries, `report.json`, `report.md` and `compare.png` (with a budget, `equal_cost.png`) for finished runs"
+    base = next(iter(runs))
+    target, sub, how = report_target(runs, target, tolerance)
     per = {n: [run_summary(p, target, sub) for p in ps] for n, ps in runs.items()}
     agg = {n: aggregate(rs) for n, rs in per.items()}
     spent = [run_cost(read_jsonl_rows(p / "metrics.jsonl"), budget) for p in runs[base]] if budget else None
@@ -395,38 +438,18 @@ def write_report(out: Path, runs: dict[str, list[Path]], # variant -> its run fo
     lines = [f"# Comparison ({len(next(iter(runs.values())))} seed(s); mean ± std over seeds)", "",
              f"Time to target: training wall time until an evaluation first reached {how}." if how else "", ""]
     if budget: lines += equal_cost_table(per, target, budget) + ["", "## At a glance", ""]
-    lines += ["| variant | final acc % | final greedy % | final tokens | step s | update s | trained "
-              "tokens/step | time to target s | slot use | step speed-up vs " + base + " | update speed-up |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for n, a in agg.items():
-        sp = agg[base]["step_s"]["mean"] / a["step_s"]["mean"]
-        up = agg[base]["update_s"]["mean"] / a["update_s"]["mean"]
-        lines.append(f"| {n} | {_fmt(a, 'final_accuracy', True)} | "
-                     f"{_fmt(a, 'final_greedy_accuracy', True)} | {_fmt(a, 'final_tokens')} | "
-                     f"{_fmt(a, 'step_s')} | {_fmt(a, 'update_s')} | {_fmt(a, 'trained_tokens')} | "
-                     f"{_fmt(a, 'time_to_target_s')} | {_fmt(a, 'slot_utilization')} | {sp:.2f}x | {up:.2f}x |")
+    lines += glance_table(agg, base)
     lines += ["", "Training cost: wall time here; row-steps (busy engine rows summed over decoding passes: "
               "a compute-bound CPU's cost); decode steps (decoding passes: a memory-bound GPU's cost).", ""]
     lines += cost_table(agg, base)
     lines += ["", "A steadier time to target: the first evaluation that reached the target and whose next evaluation "
-              "reached it too (one lucky crossing of a noisy subset evaluation does not count).", "",
-              "| variant | time to target s | time to held target s | decode steps to held target | "
-              "step at held target |", "|---|---|---|---|---|"]
-    lines += [f"| {n} | {_fmt(a, 'time_to_target_s')} | {_fmt(a, 'time_to_held_target_s')} | "
-              f"{_fmt(a, 'decode_steps_to_held_target')} | {_fmt(a, 'step_at_held_target')} |" for n, a in agg.items()]
+              "reached it too (one lucky crossing of a noisy subset evaluation does not count).", ""]
+    lines += held_table(agg)
     lines += [""] + equal_budget_lines(runs)
     lines += ["", "Gradient scale and responses at the target: the pre-clip gradient norm (median over steps), the "
               "share of steps whose gradient `train.grad_clip` cut, and the eval response length when the "
-              "target was reached; the critic's explained variance (mean over steps; PPO/T-PPO).", "",
-              "| variant | grad norm | clip rate % | steps | step at target | tokens at target "
-              f"| tokens vs {base}'s final | critic EV |", "|---|---|---|---|---|---|---|---|"]
-    for n, a in agg.items():
-        t, f = a.get("tokens_at_target"), agg[base].get("final_tokens")
-        tok = f"{t['mean'] / f['mean']:.2f}x" if t and f and f["mean"] else "–"
-        lines.append(f"| {n} | {_fmt(a, 'grad_norm')} | {_fmt(a, 'clip_rate', True)} | {_fmt(a, 'steps')} | "
-                     f"{_fmt(a, 'step_at_target')} | {_fmt(a, 'tokens_at_target')} | {tok} | "
-                     f"{_fmt(a, 'critic_ev')} |")
-    lines += ["", "![comparison](compare.png)", ""]
+              "target was reached; the critic's explained variance (mean over steps; PPO/T-PPO).", ""]
+    lines += gradient_table(agg, base) + ["", "![comparison](compare.png)", ""]
     (out / "report.md").write_text("\n".join(lines))
     compare_figure(runs).savefig(out / "compare.png", dpi=80)
     if budget: equal_cost_figure(runs, budget, target).savefig(out / "equal_cost.png", dpi=80)

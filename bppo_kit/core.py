@@ -237,6 +237,7 @@ def register(name: str, # the `algo.name` that selects the class
         return cls
     return deco
 
+# %% ../nbs/03c_core.ipynb #e6e389ca
 # the modules whose classes register the built-in algorithms: imported the first time a name is looked up
 BUILTIN_ALGORITHMS = ("bppo_kit.grpo", "bppo_kit.bppo", "bppo_kit.tppo", "bppo_kit.family")
 

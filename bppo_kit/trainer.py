@@ -44,6 +44,7 @@ def device_of(cfg: Config) -> str:
     return (("cuda" if torch.cuda.is_available() else "cpu") if cfg.train.device == "auto"
             else cfg.train.device)
 
+# %% ../nbs/11_trainer.ipynb #846f31d5
 @dataclass
 class Session:
     "What a run holds while it trains"
@@ -84,6 +85,7 @@ class Session:
         # an engine with weights of its own gets the whole model: under FSDP2 the gathered copy, never a shard
         if self.engine.caps.own_weights: self.engine.sync_weights(self.gen)
 
+# %% ../nbs/11_trainer.ipynb #5bf74b27
 def own_state(state: dict, dist: Dist) -> dict:
     ("This process's `rng` and `algo` state in a checkpoint (rank 0's when it was written by another "
      "world size)")
@@ -108,6 +110,7 @@ def check_gpu_memory(cfg: Config, dist: Dist, policy=None): # `policy`: a given 
         return
     check_fits(cfg, dist.world, gib, "fsdp2" if dist.kind == "fsdp" else "ddp", hf_config=hf)
 
+# %% ../nbs/11_trainer.ipynb #ffd9c87c
 def with_lora(model, cfg: Config):
     ("The model to train: `model` itself, or with a LoRA adapter (a fresh one, or the checkpoint's made "
      "trainable)")
@@ -139,6 +142,7 @@ def start_policy(cfg: Config, run: RunDir, state: dict | None, policy, dev: str)
     ref = copy.deepcopy(policy[0]).to(device=dev, dtype=DTYPES[cfg.model.dtype]).eval().requires_grad_(False)
     return model, tok, ref
 
+# %% ../nbs/11_trainer.ipynb #9c86defa
 def load_for_training(cfg: Config, run: RunDir, state: dict | None, policy, dev: str) -> tuple:
     "The policy ready to train (LoRA, gradient checkpointing), checked against the config; its tokenizer; the reference"
     # float32 master weights whatever the compute dtype (the policy lesson); a LoRA run's checkpoint is an adapter
@@ -240,6 +244,7 @@ def eval_examples_of(cfg: Config, task: Task | None) -> list:
     if task is not None and task.eval is not None: return task.eval
     return [] if task is not None and task.train is not None else eval_examples(cfg)
 
+# %% ../nbs/11_trainer.ipynb #0ec86f0d
 def _stop_on_signals():
     "Ask the loop to stop at the next step boundary on SIGINT/SIGTERM; returns (flag, restore)"
     flag = {"stop": False}
@@ -266,6 +271,7 @@ def check_run(cfg: Config):
     check_precision(cfg)
     check_trackers(cfg)  # a tracker that is not installed
 
+# %% ../nbs/11_trainer.ipynb #351842da
 def open_run_on(dist: Dist, cfg: Config, resume: bool, overwrite: bool) -> RunDir:
     "`open_run` on the writing process; the others wait for it, and fail with its one line if it fails"
     if dist.world == 1: return open_run(cfg, resume, overwrite)
@@ -390,25 +396,21 @@ def train(cfg: Config, # the validated config
           evaluate_every: bool = True, # evaluate before, every `eval_every` steps, and after
           stop_after: int | None = None, # stop (with a checkpoint) after this many steps of this call
           overwrite: bool = False, # start afresh in a run folder that already holds a run
-          # called as `on_log(kind, row)` with kind "step" or "eval" after each row is written (live plots)
-          on_log=None,
+          on_log=None, # `on_log(kind, row)` after each row ("step" or "eval") is written: live plots
           stop_event: threading.Event | None = None, # set it (e.g. by a Stop button) to stop after this step
-          # your own data and reward functions (the rewards lesson); None: the config's
-          task: Task | None = None,
+          task: Task | None = None, # your own data and reward functions (the rewards lesson)
           policy=None) -> dict: # a loaded `(model, tokenizer)`, trained in place; None: `model.name_or_path`
     ("Run RL training to its last step (`train.steps`, or its `train.budget`); a summary: evaluations, why "
      "it stopped")
     t = cfg.train
     check_run(cfg)
-    # several processes when `accelerate launch` started them
-    dist = init_dist(cfg, cpu=device_of(cfg) == "cpu")
+    dist = init_dist(cfg, cpu=device_of(cfg) == "cpu")  # several processes when a launcher started them
     if device_of(cfg) == "cuda": check_gpu_memory(cfg, dist, policy)  # `bppo plan`'s verdict, before any load
     run = open_run_on(dist, cfg, resume, overwrite)
     s = setup(cfg, run, resume, dist, task, policy)
     eval_set, evals = eval_examples_of(cfg, task), rows_after(dist, run, s.start)
-    rl = RunLog(cfg, s, run, eval_set if evaluate_every else [], evals,
-                # `train.report_to`: dashboards
-                Reporter(cfg, run.root) if dist.main else None, on_log, progress)
+    reporter = Reporter(cfg, run.root) if dist.main else None  # `train.report_to`: dashboards
+    rl = RunLog(cfg, s, run, eval_set if evaluate_every else [], evals, reporter, on_log, progress)
     try:
         check_budget(cfg, s.engine)
         # a resumed run's budget counts the steps before its checkpoint

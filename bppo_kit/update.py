@@ -20,7 +20,7 @@ from .policy import autocast, pack, token_logprobs
 __all__ = ['forward_logprobs', 'MicroBatch', 'micro_batch_tensors', 'trainable', 'lm_weights', 'head_problem', 'check_fused_head',
            'compute_dtype', 'head_inputs', 'kernel_logprobs', 'tis_weights', 'active_tis_cap', 'sampler_kl', 'tis_of',
            'with_carried', 'UpdateContext', 'kernel_loss', 'micro_batch_loss', 'policy_logprobs', 'zero_loss',
-           'update_epoch', 'update']
+           'update_epoch', 'fixed_logprobs', 'epoch_metrics', 'update']
 
 # %% ../nbs/10b_update.ipynb #ec15c6ed
 def forward_logprobs(model, batch: dict, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -46,6 +46,7 @@ class MicroBatch:
     ref: torch.Tensor | None = None  # [B, C] the reference model's log-probs, when the loss has a KL term
     lm: torch.Tensor | None = None  # [B, C] the LM loss's per-token weights (`lm_weights`), if an item has one
 
+# %% ../nbs/10b_update.ipynb #ebb99835
 def micro_batch_tensors(items: list[TrainItem], pad_id: int, device=None) -> MicroBatch:
     ("A packed batch of `items` with the tokens that train, their advantages, sampling log-probs and "
      "carried tokens")
@@ -72,6 +73,7 @@ def micro_batch_tensors(items: list[TrainItem], pad_id: int, device=None) -> Mic
         for j, it in enumerate(items): carried[j, it.start:it.start + it.carried] = True
     return MicroBatch(batch, mask, adv, sample, carried)
 
+# %% ../nbs/10b_update.ipynb #a52b241c
 def trainable(items: list[TrainItem], with_kl: bool = False) -> list[TrainItem]:
     ("The items that can carry a gradient: some tokens to train and a non-zero advantage (or a KL term); or "
      "an LM term")
@@ -177,6 +179,7 @@ class UpdateContext:
         c = self.cfg
         return token_weights(mask, c.algo.reduction, self.n_seqs, self.n_tokens, c.rollout.max_new_tokens)
 
+# %% ../nbs/10b_update.ipynb #52680411
 def kernel_loss(model, mb: MicroBatch, weights: torch.Tensor, ctx: UpdateContext) -> tuple:
     "Σ weights·(clipped surrogate) via `prefix_policy_loss`; the clipped flags and the old log-probs [B, C]"
     cfg, impl = ctx.cfg, ctx.cfg.train.loss_kernel
@@ -190,6 +193,7 @@ def kernel_loss(model, mb: MicroBatch, weights: torch.Tensor, ctx: UpdateContext
                                      cfg.algo.eps_low, cfg.algo.eps_high, impl=impl, return_stats=True)
     return loss, stats["clipped"].view_as(mb.mask), old
 
+# %% ../nbs/10b_update.ipynb #d8f23087
 def micro_batch_loss(model, mb: MicroBatch, weights: torch.Tensor, ctx: UpdateContext) -> tuple:
     """(loss, clipped [B, C], KL [B, C] or None, entropy summed over the trained tokens or None, old log-probs
     [B, C], LM term) of one micro-batch; KL is None without a reference, entropy None on the fused path"""
@@ -230,6 +234,7 @@ def zero_loss(model, pad_id: int, dev) -> torch.Tensor:
     "A zero loss through the whole model: a process with nothing to train still joins the gradient all-reduce"
     return model(input_ids=torch.full((1, 1), pad_id, device=dev), use_cache=False).logits.float().sum() * 0.0
 
+# %% ../nbs/10b_update.ipynb #efe0cb29
 def update_epoch(model, batches: list[MicroBatch], ctx: UpdateContext) -> dict:
     "One epoch: `ctx.rounds` backward passes (this process's micro-batches, then zero ones), all-reduced after the last"
     tot = dict(loss=0.0, clip=0.0, kl=0.0, ent=0.0, tok=0, skl=0.0, capped=0.0, lm=0.0)
@@ -254,6 +259,28 @@ def update_epoch(model, batches: list[MicroBatch], ctx: UpdateContext) -> dict:
             if cap > 0: tot["capped"] += ((tis_weights(old, mb.sample, cap) >= cap) * mf).sum().item()
     return tot
 
+# %% ../nbs/10b_update.ipynb #fc4f4858
+@torch.no_grad()
+def fixed_logprobs(model, ref_model, batches: list[MicroBatch], ctx: UpdateContext):
+    "Set, before the epochs, π_old's log-probs on each micro-batch (when mu > 1) and the reference model's (if any)"
+    cfg, dev = ctx.cfg, next(model.parameters()).device
+    if cfg.train.mu > 1:
+        for mb in batches: mb.old = policy_logprobs(model, mb.batch, mb.mask, cfg)
+        # the forwards other processes make, matched (FSDP2)
+        for _ in range(ctx.rounds - len(batches)): zero_loss(model, ctx.pad_id, dev)
+    if ref_model is not None:
+        for mb in batches: mb.ref = policy_logprobs(ref_model, mb.batch, mb.mask, cfg, kernel=False)
+
+def epoch_metrics(tot: dict, grad_norm: torch.Tensor, cfg: Config) -> dict:
+    "An epoch's metrics from its sums over every process: loss, gradient norm (before clipping), clip rate, KL, entropy"
+    n = max(tot["tok"], 1)
+    ent = tot["ent"] / n
+    # grad_norm is the norm before clipping; grad_clipped says whether `grad_clip` cut it (the clip rate's terms)
+    norm = grad_norm.item()
+    return dict(loss=tot["loss"], grad_norm=norm, grad_clipped=float(norm > cfg.train.grad_clip),
+                clip_frac=tot["clip"] / n, kl=tot["kl"] / n, entropy=ent if math.isfinite(ent) else None)
+
+# %% ../nbs/10b_update.ipynb #09323732
 def update(model, opt, items: list[TrainItem], cfg: Config, pad_id: int, ref_model=None, surrogate=None,
            # `dist`: this process's place in a scale-out run (none: one process)
            dist: Dist | None = None) -> dict:
@@ -270,15 +297,10 @@ def update(model, opt, items: list[TrainItem], cfg: Config, pad_id: int, ref_mod
     if not n_live: return mets
     dev, k = next(model.parameters()).device, tc.micro_batch
     batches = [micro_batch_tensors(live[i:i + k], pad_id, dev) for i in range(0, len(live), k)]
+    for i, mb in enumerate(batches): mb.lm = lm_weights(live[i * k:(i + 1) * k], mb, n_lm)
     surrogate = surrogate or partial(clipped_surrogate, eps_low=ac.eps_low, eps_high=ac.eps_high)
     ctx = UpdateContext(cfg, surrogate, n_seqs, n_tokens, pad_id, dist, rounds=dist.max(len(batches)))
-    for i, mb in enumerate(batches):
-        mb.lm = lm_weights(live[i * k:(i + 1) * k], mb, n_lm)
-        if tc.mu > 1: mb.old = policy_logprobs(model, mb.batch, mb.mask, cfg)
-    if tc.mu > 1:  # the forwards other processes make, matched (FSDP2)
-        with torch.no_grad(): [zero_loss(model, pad_id, dev) for _ in range(ctx.rounds - len(batches))]
-    if with_kl:
-        for mb in batches: mb.ref = policy_logprobs(ref_model, mb.batch, mb.mask, cfg, kernel=False)
+    fixed_logprobs(model, ref_model if with_kl else None, batches, ctx)
     with_sample = dist.any(bool(batches) and batches[0].sample is not None)
     model.train()
     for _ in range(tc.mu):
@@ -291,14 +313,10 @@ def update(model, opt, items: list[TrainItem], cfg: Config, pad_id: int, ref_mod
             mets["skipped"] += 1
         else: opt.step()
         mets["trained_tokens"] += int(tot["tok"])
-        n = max(tot["tok"], 1)
-        ent = tot["ent"] / n
-        # grad_norm is the norm before clipping; grad_clipped says whether `grad_clip` cut it (the clip rate's terms)
-        mets.update(loss=tot["loss"], grad_norm=grad_norm.item(),
-                    grad_clipped=float(grad_norm.item() > tc.grad_clip),
-                    clip_frac=tot["clip"] / n, kl=tot["kl"] / n, entropy=ent if math.isfinite(ent) else None)
+        mets.update(epoch_metrics(tot, grad_norm, cfg))
         if n_lm: mets.update(lm_loss=tot["lm"], lm_tokens=n_lm)  # the weighted NLL term, and its tokens
         if with_sample:
+            n = max(tot["tok"], 1)
             mets.update(sampler_kl=tot["skl"] / n, tis_capped=tot["capped"] / n if ctx.tis_cap > 0 else None)
     model.eval()
     return mets
