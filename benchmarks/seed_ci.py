@@ -132,7 +132,7 @@ def figure(per: dict, seeds: list[int], path: Path, baseline: str):
     ax[0].legend(fontsize=7)
     ax[1].set_yticks(range(len(names)), names, fontsize=8)
     ax[1].invert_yaxis()
-    ax[1].set_xlabel("seconds per step: rollout (light) + update (dark), median per run, mean over seeds")
+    ax[1].set_xlabel("s per step: rollout (light) + update (dark); medians, mean of seeds")
     ax[1].grid(alpha=.3, axis="x")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
