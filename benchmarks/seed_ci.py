@@ -13,6 +13,7 @@ import argparse, json, math, statistics
 from pathlib import Path
 
 from bppo_kit.compare import baseline_target, run_summary
+from seed_targets import runs_of  # benchmarks/ is on the path when a script here runs
 
 # Student's t, two-sided 95% (0.975 quantile), by degrees of freedom
 T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
@@ -28,16 +29,6 @@ def mean_ci(xs: list[float]) -> tuple[float, float]:
     m = statistics.fmean(xs)
     if len(xs) < 2: return m, 0.0
     return m, T975.get(len(xs) - 1, 1.96) * statistics.stdev(xs) / math.sqrt(len(xs))
-
-
-def runs_of(folder: Path) -> dict[str, dict[int, Path]]:
-    "variant -> seed -> run folder, for every `NAME-sSEED` folder with an evaluation"
-    out: dict[str, dict[int, Path]] = {}
-    for d in sorted(folder.iterdir()):
-        if d.is_dir() and (d / "eval.jsonl").exists() and "-s" in d.name:
-            name, seed = d.name.rsplit("-s", 1)
-            if seed.isdigit(): out.setdefault(name, {})[int(seed)] = d
-    return out
 
 
 def summaries(runs: dict[str, dict[int, Path]], baseline: str, tolerance: float) -> tuple[dict, float | None]:

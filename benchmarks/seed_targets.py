@@ -15,6 +15,16 @@ from pathlib import Path
 def rows(p: Path) -> list[dict]: return [json.loads(l) for l in p.read_text().splitlines() if l.strip()]
 
 
+def runs_of(folder: Path) -> dict[str, dict[int, Path]]:
+    "variant -> seed -> run folder, for every `NAME-sSEED` folder of a compare folder that has an evaluation"
+    out: dict[str, dict[int, Path]] = {}
+    for d in sorted(folder.iterdir()):
+        if d.is_dir() and (d / "eval.jsonl").exists() and "-s" in d.name:
+            name, seed = d.name.rsplit("-s", 1)
+            if seed.isdigit(): out.setdefault(name, {})[int(seed)] = d
+    return out
+
+
 def subset_curve(run: Path, unit: str) -> list[tuple[float, float]]:
     "(cost spent, accuracy on the subset) at every evaluation that has one: subset rows, and full rows' subset_accuracy"
     m, e = rows(run / "metrics.jsonl"), rows(run / "eval.jsonl")
@@ -35,11 +45,7 @@ def main():
     ap.add_argument("--unit", default="decode_steps")
     ap.add_argument("--tolerance", type=float, default=0.01)
     a = ap.parse_args()
-    runs: dict[str, dict[int, Path]] = {}
-    for d in sorted(a.folder.iterdir()):
-        if d.is_dir() and (d / "eval.jsonl").exists() and "-s" in d.name:
-            name, seed = d.name.rsplit("-s", 1)
-            runs.setdefault(name, {})[int(seed)] = d
+    runs = runs_of(a.folder)
     base = runs.pop(a.baseline)
     print(f"| variant | seed | target (baseline's final subset acc - {a.tolerance:g}) | baseline's {a.unit} "
           f"| final subset acc | {a.unit} to target | vs baseline | {a.unit} to held target | vs baseline |")
