@@ -5,6 +5,7 @@
 # %% ../nbs/11a_api.ipynb #88aa1219
 from __future__ import annotations
 import copy
+from fastcore.basics import patch
 from pathlib import Path
 from .config import Config, ConfigError, get_config, set_value, validate
 from .core import engine_caps
@@ -66,18 +67,6 @@ class RLTrainer:
         custom = reward_funcs is not None or any(x is not None for x in own)
         self.task = Task(*own, reward_funcs, reward_weights, correct_threshold) if custom else None
 
-    def _check_loaded(self, model):
-        "Record a loaded model's own path in the run's config; vLLM needs one on disk"
-        path = getattr(model, "name_or_path", "") or ""
-        if engine_caps(self.cfg).own_weights and not path:
-            raise ConfigError(f"rollout.engine: {self.cfg.rollout.engine} builds its engine from the model's "
-                              "folder or hub id (then takes these weights), but this model has no "
-                              "name_or_path")
-        if path: set_value(self.cfg, "model.name_or_path", path)
-
-    @property
-    def run_dir(self) -> Path: return Path(self.cfg.train.out)
-
     def train(self, resume: bool = False, # continue from `RUN/checkpoint`
               overwrite: bool = False, # start afresh in a run folder that holds a run
               progress: bool = True, # progress bars
@@ -91,6 +80,22 @@ class RLTrainer:
                      stop_after=stop_after, overwrite=overwrite, on_log=on_log, stop_event=stop_event,
                      task=self.task, policy=self.policy)
 
-    def load_trained(self, dtype: str = "float32", device: str = "cpu"):
-        "The trained policy from the run's checkpoint: `(model, tokenizer)`"
-        return load_policy(str(self.run_dir / "checkpoint"), dtype, device)
+# %% ../nbs/11a_api.ipynb #efb1bb02
+@patch
+def _check_loaded(self: RLTrainer, model):
+    "Record a loaded model's own path in the run's config; vLLM needs one on disk"
+    path = getattr(model, "name_or_path", "") or ""
+    if engine_caps(self.cfg).own_weights and not path:
+        raise ConfigError(f"rollout.engine: {self.cfg.rollout.engine} builds its engine from the model's "
+                          "folder or hub id (then takes these weights), but this model has no "
+                          "name_or_path")
+    if path: set_value(self.cfg, "model.name_or_path", path)
+
+# %% ../nbs/11a_api.ipynb #f62e08fe
+@patch(as_prop=True)
+def run_dir(self: RLTrainer) -> Path: return Path(self.cfg.train.out)
+
+@patch
+def load_trained(self: RLTrainer, dtype: str = "float32", device: str = "cpu"):
+    "The trained policy from the run's checkpoint: `(model, tokenizer)`"
+    return load_policy(str(self.run_dir / "checkpoint"), dtype, device)

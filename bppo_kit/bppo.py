@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 import torch
+from fastcore.basics import patch
 from .config import Config, ConfigError
 from .core import Algorithm, Rollout, TrainItem, engine_caps, register
 from .data import Example
@@ -159,76 +160,88 @@ class BPPO(Algorithm):
                               f"rollout.engine={cfg.rollout.engine} cannot (EngineCaps.cancels); use "
                               "rollout.engine=kit")
 
-    def prepare(self, r: Rollout, step: int = 0) -> tuple[list[TrainItem], dict]:
-        "Train items (two per mixed group, prefixes only) and metrics for a scored rollout"
-        a = self.cfg.algo
-        G = r.rewards.shape[1]
-        # never pick a cancelled one
-        lengths = r.lengths if r.valid is None else r.lengths.masked_fill(~r.valid, 2**62)
-        sel = select_binary(r.correct, lengths)
-        adv = pair_advantages(r.rewards, r.correct, sel, a.class_weight, r.valid)
-        n_tok = torch.tensor([[r.completions[b * G + j].n_tokens if j >= 0 else 0 for j in row.tolist()]
-                              for b, row in enumerate(sel)])
-        ratio = scheduled_ratio(step, self.cfg.train.steps, a.prefix_ratio, a.prefix_ratio_end)
-        keep = prefix_lengths(n_tok, a.prefix_mode, ratio, a.prefix_tokens)
-        self.remember(r)
-        if a.select == "all": return self._prefix_only(r, sel, keep, ratio)
-        items = []
-        for b in range(sel.shape[0]):
-            for k in range(2):
-                j = sel[b, k].item()
-                if j < 0 or adv[b, k].item() == 0.0: continue
-                c = r.completions[b * G + j]
-                items.append(TrainItem(c.prompt_ids, c.completion_ids, adv[b, k].item(), int(keep[b, k]),
-                                       sample_logprobs=c.logprobs or None))
-        return self._finish(r, items, ratio)
-
-    def _finish(self, r: Rollout, items: list[TrainItem], ratio: float) -> tuple[list[TrainItem], dict]:
-        "`items` and their metrics; with `algo.loss_scale=grpo` the advantages x `parity_factor` (logged too)"
-        m = dict(frac_zero_std_groups=zero_signal_frac(r.rewards), selected_sequences=len(items),
-                 prefix_tokens=sum(it.end for it in items), prefix_ratio=ratio)
-        if self.cfg.algo.loss_scale == "grpo" and items:
-            f = m["parity_factor"] = parity_factor(items, r, self.cfg.algo.reduction)
-            items = [replace(it, advantage=it.advantage * f) for it in items]
-        return items, m
-
-    def _prefix_only(self, r: Rollout, sel: torch.Tensor, keep: torch.Tensor,
-                     ratio: float) -> tuple[list[TrainItem], dict]:
-        ("The 'prefix only' ablation: every completion trained (GRPO's advantages), each cut like the "
-         "representatives")
-        a, G = self.cfg.algo, r.rewards.shape[1]
-        adv = group_advantages(r.rewards) if r.valid is None else masked_group_advantages(r.rewards, r.valid)
-        items = []
-        for b in range(sel.shape[0]):
-            for j in range(G):
-                c = r.completions[b * G + j]
-                if adv[b, j].item() == 0.0: continue
-                n = c.n_tokens
-                cut = (min(n, int(keep[b, 0])) if a.prefix_mode == "pair_min" and (sel[b] >= 0).all() else
-                       int(prefix_lengths(torch.tensor([[n, 0]]), a.prefix_mode,
-                                          ratio, a.prefix_tokens)[0, 0]))
-                items.append(TrainItem(c.prompt_ids, c.completion_ids, adv[b, j].item(), cut,
-                                       sample_logprobs=c.logprobs or None))
-        return self._finish(r, items, ratio)
-
-    def remember(self, r: Rollout):
-        "Keep the step's correct response lengths for `budget` (the last `BUDGET_WINDOW` steps)"
-        if self.cfg.algo.budget == "fixed": return
-        self.recent = (self.recent + [r.lengths[r.correct].tolist()])[-BUDGET_WINDOW:]
-
-    def budget(self, step: int) -> int | None:
-        ("`algo.budget=progress`: the step's max_new_tokens (`progress_budget`); None (the config's) "
-         "for `fixed`")
-        a = self.cfg.algo
-        if a.budget == "fixed": return None
-        return progress_budget(step, self.cfg.train.steps, [n for s in self.recent for n in s],
-                               self.cfg.rollout.max_new_tokens, a.budget_explore, a.budget_slack)
-
-    def state_dict(self) -> dict | None:
-        return dict(recent=self.recent) if self.cfg.algo.budget != "fixed" else None
-    def load_state_dict(self, state: dict): self.recent = [list(x) for x in state.get("recent", [])]
-
     def on_finish(self, examples: list[Example]):
         "The engine's `on_finish` callback for `algo.schedule` (None for `none`)"
         if self.cfg.algo.schedule == "none": return None
         return early_stop(examples, self.cfg.rollout.group_size)
+
+# %% ../nbs/07_bppo.ipynb #e8865894
+@patch
+def _finish(self: BPPO, r: Rollout, items: list[TrainItem], ratio: float) -> tuple[list[TrainItem], dict]:
+    "`items` and their metrics; with `algo.loss_scale=grpo` the advantages x `parity_factor` (logged too)"
+    m = dict(frac_zero_std_groups=zero_signal_frac(r.rewards), selected_sequences=len(items),
+             prefix_tokens=sum(it.end for it in items), prefix_ratio=ratio)
+    if self.cfg.algo.loss_scale == "grpo" and items:
+        f = m["parity_factor"] = parity_factor(items, r, self.cfg.algo.reduction)
+        items = [replace(it, advantage=it.advantage * f) for it in items]
+    return items, m
+
+# %% ../nbs/07_bppo.ipynb #01508eca
+@patch
+def _prefix_only(self: BPPO, r: Rollout, sel: torch.Tensor, keep: torch.Tensor,
+                 ratio: float) -> tuple[list[TrainItem], dict]:
+    ("The 'prefix only' ablation: every completion trained (GRPO's advantages), each cut like the "
+     "representatives")
+    a, G = self.cfg.algo, r.rewards.shape[1]
+    adv = group_advantages(r.rewards) if r.valid is None else masked_group_advantages(r.rewards, r.valid)
+    items = []
+    for b in range(sel.shape[0]):
+        for j in range(G):
+            c = r.completions[b * G + j]
+            if adv[b, j].item() == 0.0: continue
+            n = c.n_tokens
+            cut = (min(n, int(keep[b, 0])) if a.prefix_mode == "pair_min" and (sel[b] >= 0).all() else
+                   int(prefix_lengths(torch.tensor([[n, 0]]), a.prefix_mode,
+                                      ratio, a.prefix_tokens)[0, 0]))
+            items.append(TrainItem(c.prompt_ids, c.completion_ids, adv[b, j].item(), cut,
+                                   sample_logprobs=c.logprobs or None))
+    return self._finish(r, items, ratio)
+
+# %% ../nbs/07_bppo.ipynb #1ed9d859
+@patch
+def remember(self: BPPO, r: Rollout):
+    "Keep the step's correct response lengths for `budget` (the last `BUDGET_WINDOW` steps)"
+    if self.cfg.algo.budget == "fixed": return
+    self.recent = (self.recent + [r.lengths[r.correct].tolist()])[-BUDGET_WINDOW:]
+
+@patch
+def budget(self: BPPO, step: int) -> int | None:
+    ("`algo.budget=progress`: the step's max_new_tokens (`progress_budget`); None (the config's) "
+     "for `fixed`")
+    a = self.cfg.algo
+    if a.budget == "fixed": return None
+    return progress_budget(step, self.cfg.train.steps, [n for s in self.recent for n in s],
+                           self.cfg.rollout.max_new_tokens, a.budget_explore, a.budget_slack)
+
+@patch
+def state_dict(self: BPPO) -> dict | None:
+    return dict(recent=self.recent) if self.cfg.algo.budget != "fixed" else None
+
+@patch
+def load_state_dict(self: BPPO, state: dict): self.recent = [list(x) for x in state.get("recent", [])]
+
+# %% ../nbs/07_bppo.ipynb #963ca0b1
+@patch
+def prepare(self: BPPO, r: Rollout, step: int = 0) -> tuple[list[TrainItem], dict]:
+    "Train items (two per mixed group, prefixes only) and metrics for a scored rollout"
+    a = self.cfg.algo
+    G = r.rewards.shape[1]
+    # never pick a cancelled one
+    lengths = r.lengths if r.valid is None else r.lengths.masked_fill(~r.valid, 2**62)
+    sel = select_binary(r.correct, lengths)
+    adv = pair_advantages(r.rewards, r.correct, sel, a.class_weight, r.valid)
+    n_tok = torch.tensor([[r.completions[b * G + j].n_tokens if j >= 0 else 0 for j in row.tolist()]
+                          for b, row in enumerate(sel)])
+    ratio = scheduled_ratio(step, self.cfg.train.steps, a.prefix_ratio, a.prefix_ratio_end)
+    keep = prefix_lengths(n_tok, a.prefix_mode, ratio, a.prefix_tokens)
+    self.remember(r)
+    if a.select == "all": return self._prefix_only(r, sel, keep, ratio)
+    items = []
+    for b in range(sel.shape[0]):
+        for k in range(2):
+            j = sel[b, k].item()
+            if j < 0 or adv[b, k].item() == 0.0: continue
+            c = r.completions[b * G + j]
+            items.append(TrainItem(c.prompt_ids, c.completion_ids, adv[b, k].item(), int(keep[b, k]),
+                                   sample_logprobs=c.logprobs or None))
+    return self._finish(r, items, ratio)

@@ -169,19 +169,25 @@ def load_plugin(spec: str):
         return mod
     except ModuleNotFoundError as e: raise DataError(f"--plugin: cannot import {spec}: {e}") from None
 
-# %% ../nbs/12_cli.ipynb #bd085df1
-def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="bppo",
-                                 description="GRPO, BPPO and T-PPO for reasoning LMs: a notebook-first kit")
-    sub = ap.add_subparsers(dest="cmd", required=True)
+# %% ../nbs/12_cli.ipynb #e9d41ff6
+def _eval_args(sub):
+    "`bppo eval`: its subparser and arguments"
     e = sub.add_parser("eval", help="sample the eval set and report accuracy and lengths")
     _common(e)
     e.add_argument("--checkpoint", help="a checkpoint folder or hub id (default: the config's model)")
     e.add_argument("--samples", type=int, default=8, help="sampled completions per prompt")
     e.add_argument("--json", help="also write the summary to this JSON file")
+    return e
+
+def _sft_args(sub):
+    "`bppo sft`: its subparser and arguments"
     s = sub.add_parser("sft", help="train the tiny policy on the synthetic task")
     _common(s)
     s.add_argument("--out", help="checkpoint folder (default: sft.out)")
+    return s
+
+def _train_args(sub):
+    "`bppo train`: its subparser and arguments"
     t = sub.add_parser("train", help="RL training: grpo, bppo, tppo, ppo, or an algorithm a plugin registers")
     _common(t)
     _plugins(t)
@@ -192,6 +198,11 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--save-every", type=int, help="train.save_every")
     t.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint")
     t.add_argument("--overwrite", action="store_true", help="replace a run already in OUT")
+    return t
+
+# %% ../nbs/12_cli.ipynb #22163957
+def _compare_args(sub):
+    "`bppo compare`: its subparser and arguments"
     cp = sub.add_parser("compare",
                         help="several algorithms, same seeds and budget: report.md, report.json, compare.png")
     _common(cp)
@@ -208,27 +219,60 @@ def build_parser() -> argparse.ArgumentParser:
                     "same seed: decode_steps (decoding passes, a GPU's cost), generated_tokens or wall_s")
     cp.add_argument("--max-steps", type=int,
                     help="with --budget: the most steps another variant may take (default: 10x the baseline's)")
+    return cp
+
+def _probe_args(sub):
+    "`bppo probe`: its subparser and arguments"
     pr = sub.add_parser("probe", help="gradient similarity of same-label vs cross-label completions (BPPO's premise)")
     _common(pr)
     pr.add_argument("--checkpoint", help="a checkpoint folder or hub id (default: the config's model)")
     pr.add_argument("--prompts", type=int, default=32, help="eval prompts to sample groups for")
     pr.add_argument("--json", help="write the statistics (and a PNG beside it)")
+    return pr
+
+# %% ../nbs/12_cli.ipynb #d247dc13
+def _plot_args(sub):
+    "`bppo plot`: its subparser and arguments"
     pl = sub.add_parser("plot", help="draw a run's curves (several runs are overlaid)")
     pl.add_argument("runs", nargs="+", help="run folders")
     pl.add_argument("--png", help="output PNG (default RUN/curves.png)")
     pl.set_defaults(preset="cpu-demo", config=None, overrides=[])
+    return pl
+
+def _plan_args(sub):
+    "`bppo plan`: its subparser and arguments"
     pn = sub.add_parser("plan", help="the memory a run needs per GPU: a table when it fits, else one line (exit 2)")
     _common(pn)
     pn.add_argument("--gpus", type=int, default=1, help="GPUs, one process each")
     pn.add_argument("--gpu-memory", type=float, default=80, metavar="GB", help="one GPU's memory in GiB")
     pn.add_argument("--shard", choices=["ddp", "fsdp2"], default="ddp", help="fsdp2 shards weights, grads, AdamW")
     pn.add_argument("--prompt-tokens", type=int, help="rollout.max_prompt_tokens: the prompt length assumed")
+    return pn
+
+def _launch_args(sub):
+    "`bppo launch`: its subparser and arguments"
     la = sub.add_parser("launch", help="run a bppo command on several processes (accelerate launch), "
                                        "after checking that the accelerate config can run here")
     la.add_argument("accelerate_config", help="an accelerate config file, e.g. configs/accelerate/ddp.yaml")
     la.add_argument("--num-processes", type=int, help="processes (default: the config's num_processes)")
     la.add_argument("command", nargs=argparse.REMAINDER, help="the bppo command and its arguments, e.g. train ...")
     la.set_defaults(preset="cpu-demo", config=None, overrides=[])
+    return la
+
+# %% ../nbs/12_cli.ipynb #bd085df1
+def build_parser() -> argparse.ArgumentParser:
+    "The `bppo` command's parser: one subcommand per `_NAME_args`, in the order `bppo --help` lists them"
+    ap = argparse.ArgumentParser(prog="bppo",
+                                 description="GRPO, BPPO and T-PPO for reasoning LMs: a notebook-first kit")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    _eval_args(sub)
+    _sft_args(sub)
+    _train_args(sub)
+    _compare_args(sub)
+    _probe_args(sub)
+    _plot_args(sub)
+    _plan_args(sub)
+    _launch_args(sub)
     return ap
 
 # %% ../nbs/12_cli.ipynb #17dbe9d1

@@ -29,7 +29,8 @@ _RECIPE = ["algo.name=tppo", "algo.value_warmup=10", "algo.lm_loss_weight=0.1", 
            "algo.filter_mode=mask"]
 
 # %% ../nbs/11b_compare.ipynb #1dd07969
-VARIANTS = {
+# GRPO and BPPO, and BPPO's ablations: each a `--set` override list over the shared config
+_GRPO_BPPO_VARIANTS = {
     "grpo": ["algo.name=grpo", "algo.reduction=token"],
     "grpo_seq": ["algo.name=grpo", "algo.reduction=seq"],
     # GRPO with TRL's defaults (the GRPO lesson's `TRL_DEFAULTS`)
@@ -47,7 +48,11 @@ VARIANTS = {
     "bppo_full_focus": ["algo.name=bppo", "algo.prefix_mode=full", *_FOCUS],
     # every completion, each cut to its group's pair length
     "prefix_only": ["algo.name=bppo", "algo.select=all"],
-    # the family (lesson 07b), each at its paper's choice scaled to cpu-demo's 8 completions a group
+}
+
+# %% ../nbs/11b_compare.ipynb #6c13e5c9
+# the family (lesson 07b), each at its paper's choice scaled to cpu-demo's 8 completions a group
+_FAMILY_VARIANTS = {
     # cppo: the largest |advantage| over the batch, 2 a group on average (CPPO keeps 1-2 of 16)
     "cppo": ["algo.name=cppo", "algo.keep=2"],
     # max reward variance: with 0/1 rewards a correct and an incorrect one
@@ -62,6 +67,11 @@ VARIANTS = {
     # small groups (2-GRPO): 2 completions a prompt, 4x the prompts: the same 128 completions a step as cpu-demo
     "grpo_g2": ["algo.name=grpo", "algo.reduction=token", "rollout.group_size=2",
                 "train.prompts_per_step=64"],
+}
+
+# %% ../nbs/11b_compare.ipynb #de4b0937
+# PPO and T-PPO with a value model; the recipe, and the recipe with one thing changed
+_PPO_VARIANTS = {
     "ppo": ["algo.name=ppo", "rollout.window=0"],  # PPO with a value model, whole responses
     "tppo": ["algo.name=tppo"],  # T-PPO: the preset's windows (cpu-demo: 32 tokens), EGAE
     "tppo_filter": ["algo.name=tppo", "algo.group_filter=mixed"],  # + the group filter
@@ -85,6 +95,7 @@ VARIANTS = {
     # PPO with the recipe's critic warm-up and LM loss: whole responses, no windows
     "ppo_recipe": ["algo.name=ppo", "rollout.window=0", "algo.value_warmup=10", "algo.lm_loss_weight=0.1"],
 }
+VARIANTS = {**_GRPO_BPPO_VARIANTS, **_FAMILY_VARIANTS, **_PPO_VARIANTS}
 
 # %% ../nbs/11b_compare.ipynb #0c90f507
 def variant_config(base: Config, name: str, seed: int, out: Path) -> Config:
@@ -150,6 +161,18 @@ def _held_row(e: list[dict], full: int, target: float | None, subset_target: flo
     ok = [_reached(r, full, target, subset_target) for r in e]
     return next((r for r, now, then in zip(e, ok, ok[1:]) if now and then), None)
 
+# %% ../nbs/11b_compare.ipynb #4573c2d5
+def _costs(m: list[dict], hit_step: int | None, held_step: int | None) -> dict:
+    "Each cost unit's total over the metric rows `m` and its running total at `hit_step` (and `held_step`)"
+    costs = {}
+    for k in ("decode_steps", "row_steps", "generated_tokens"):
+        c = _cumulative(m, k)
+        if c is not None:
+            costs.update({k: c[-1], f"{k}_to_target": c[hit_step] if hit_step is not None else None})
+    if held_step is not None and costs.get("decode_steps") is not None:
+        costs["decode_steps_to_held_target"] = _cumulative(m, "decode_steps")[held_step]
+    return costs
+
 # %% ../nbs/11b_compare.ipynb #4213c8f0
 def run_summary(run: Path, target: float | None = None, # the full evaluations' target accuracy
                 # the cheap subset evaluations' (`train.eval_subset`)
@@ -167,13 +190,7 @@ def run_summary(run: Path, target: float | None = None, # the full evaluations' 
     hit = wall[hit_step] if hit_step is not None else None
     held_row = _held_row(e, full, target, subset_target)
     held_step = held_row["step"] if held_row else None
-    costs = {}
-    for k in ("decode_steps", "row_steps", "generated_tokens"):
-        c = _cumulative(m, k)
-        if c is not None:
-            costs.update({k: c[-1], f"{k}_to_target": c[hit_step] if hit_step is not None else None})
-    if held_step is not None and costs.get("decode_steps") is not None:
-        costs["decode_steps_to_held_target"] = _cumulative(m, "decode_steps")[held_step]
+    costs = _costs(m, hit_step, held_step)
     last = e[-1] if e else {}
     return dict(final_accuracy=last.get("accuracy"), final_greedy_accuracy=last.get("greedy_accuracy"),
                 final_subset_accuracy=last.get("subset_accuracy"),

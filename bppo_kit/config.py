@@ -77,7 +77,7 @@ class RolloutConfig:
 
 # %% ../nbs/00_config.ipynb #3591f816
 @dataclass
-class AlgoConfig:
+class _LossFields:
     # the algorithm the trainer plugs in: grpo, bppo, tppo, ppo, or one you register (core lesson)
     name: str = "grpo"
     eps_low: float = param(0.2, gt=0, lt=1)  # lower clip of the ratio, 1 - eps_low
@@ -94,6 +94,10 @@ class AlgoConfig:
     adv_std: str = param("population", choices=["population", "bessel"])
     # GRPO: added to that std (TRL: 1e-4); a group whose std is at most this gets advantage 0
     adv_eps: float = param(1e-6, gt=0)
+
+# %% ../nbs/00_config.ipynb #b512aa85
+@dataclass
+class _BPPOFields(_LossFields):
     # BPPO: which prefix of each representative is trained
     prefix_mode: str = param("pair_min", choices=["ratio", "pair_min", "tokens", "full"])
     # BPPO "ratio" mode: share of each response trained at step 0
@@ -117,6 +121,10 @@ class AlgoConfig:
     budget_explore: float = param(0.2, ge=0, le=1)  # share of training at the full budget
     # headroom over recent correct lengths as focusing starts (x1.1 at the end)
     budget_slack: float = param(1.0, ge=0)
+
+# %% ../nbs/00_config.ipynb #d09740e2
+@dataclass
+class _TPPOFields(_BPPOFields):
     gamma: float = param(1.0, gt=0, le=1)  # T-PPO/PPO: discount
     lam: float = param(0.95, ge=0, le=1)  # T-PPO/PPO: GAE lambda (the floor when lam_alpha > 0)
     # T-PPO: length-adaptive lambda max(lam, 1 - 1/(alpha*L)); 0 = fixed lam
@@ -140,6 +148,10 @@ class AlgoConfig:
     # T-PPO/PPO advantage whitening: all = one mean and std over every trained token (the recipe); split = finished
     # and unfinished rows each over their own; scale = divided by the std, not centered
     whiten: str = param("all", choices=["all", "split", "scale"])
+
+# %% ../nbs/00_config.ipynb #f4163c59
+@dataclass
+class AlgoConfig(_TPPOFields):
     # the settings of an algorithm you register with its own dataclass, by the algorithm's name: `--set
     # algo.NAME.FIELD=value` (the core lesson); checked against that dataclass when the run starts
     settings: dict = field(default_factory=dict)

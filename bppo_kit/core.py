@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib, warnings
 from dataclasses import dataclass, field, fields, is_dataclass
 import torch
+from fastcore.basics import patch
 from .config import Config, ConfigError, check_value
 from .data import Example
 
@@ -156,46 +157,57 @@ class Algorithm:
         ("Raise `ConfigError`, naming the field, if `cfg` does not suit this algorithm (called before "
          "anything loads)")
 
-    def collect(self, step: int, sampler) -> tuple[list[TrainItem], dict]:
-        ("This process's train items and the step's metrics: a scored group rollout from `sampler`, handed "
-         "to `prepare`")
-        # the whole step, every process
-        rollout, metrics = sampler.groups(step, self.on_finish, self.budget(step))
-        items, more = self.prepare(rollout, step)
-        return sampler.deal(items), {**metrics, **more}  # this process trains its deal of the items
-
     def prepare(self, rollout: Rollout, step: int = 0) -> tuple[list[TrainItem], dict]:
         "Train items and metrics for a scored rollout (group algorithms write this)"
         raise NotImplementedError(f"{type(self).__name__} must define prepare(rollout, step) or "
                                   "override collect")
 
-    def on_finish(self, examples: list[Example]):
-        "The engine's `on_finish` callback for this step's prompts, or None: every completion runs to its end"
-        if hasattr(self, "scheduler"):  # the name this method had before: an algorithm written for it still works
-            warnings.warn(f"{type(self).__name__}.scheduler is now called on_finish; rename it", DeprecationWarning,
-                          stacklevel=2)
-            return self.scheduler(examples)
-        return None
+# %% ../nbs/03c_core.ipynb #77a15f49
+@patch
+def collect(self: Algorithm, step: int, sampler) -> tuple[list[TrainItem], dict]:
+    ("This process's train items and the step's metrics: a scored group rollout from `sampler`, handed "
+     "to `prepare`")
+    # the whole step, every process
+    rollout, metrics = sampler.groups(step, self.on_finish, self.budget(step))
+    items, more = self.prepare(rollout, step)
+    return sampler.deal(items), {**metrics, **more}  # this process trains its deal of the items
 
-    def budget(self, step: int) -> int | None:
-        "The step's generation budget (`max_new_tokens`), or None for the config's"
-        return None
+@patch
+def on_finish(self: Algorithm, examples: list[Example]):
+    "The engine's `on_finish` callback for this step's prompts, or None: every completion runs to its end"
+    if hasattr(self, "scheduler"):  # the name this method had before: an algorithm written for it still works
+        warnings.warn(f"{type(self).__name__}.scheduler is now called on_finish; rename it", DeprecationWarning,
+                      stacklevel=2)
+        return self.scheduler(examples)
+    return None
 
-    def surrogate(self, logp: torch.Tensor, old_logp: torch.Tensor,
-                  adv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        "Per-token policy loss [B, T] and the tokens whose gradient clipping removed"
-        return clipped_surrogate(logp, old_logp, adv, self.cfg.algo.eps_low, self.cfg.algo.eps_high)
+@patch
+def budget(self: Algorithm, step: int) -> int | None:
+    "The step's generation budget (`max_new_tokens`), or None for the config's"
+    return None
 
-    def after_update(self, pad_id: int) -> dict:
-        "Work after the policy's optimizer step (e.g. a critic's update); its metrics"
-        return {}
+# %% ../nbs/03c_core.ipynb #d362d0a3
+@patch
+def surrogate(self: Algorithm, logp: torch.Tensor, old_logp: torch.Tensor,
+              adv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    "Per-token policy loss [B, T] and the tokens whose gradient clipping removed"
+    return clipped_surrogate(logp, old_logp, adv, self.cfg.algo.eps_low, self.cfg.algo.eps_high)
 
-    def distribute(self, dist):
-        ("Scale-out: wrap the algorithm's own trained models with `dist.prepare` (the distributed lesson); "
-         "default none")
+@patch
+def after_update(self: Algorithm, pad_id: int) -> dict:
+    "Work after the policy's optimizer step (e.g. a critic's update); its metrics"
+    return {}
 
-    def state_dict(self) -> dict | None: return None  # the algorithm's own state for checkpoints, if any
-    def load_state_dict(self, state: dict): pass
+@patch
+def distribute(self: Algorithm, dist):
+    ("Scale-out: wrap the algorithm's own trained models with `dist.prepare` (the distributed lesson); "
+     "default none")
+
+@patch
+def state_dict(self: Algorithm) -> dict | None: return None  # the algorithm's own state for checkpoints, if any
+
+@patch
+def load_state_dict(self: Algorithm, state: dict): pass
 
 # %% ../nbs/03c_core.ipynb #844683bf
 ALGORITHMS: dict[str, type] = {}  # name -> Algorithm subclass; filled by `register`
@@ -346,19 +358,6 @@ class Engine:
         "The engine a run with config `cfg` decodes `model` with"
         return cls(model, tok, progress=progress)
 
-    def generate(self, prompts: list, n: int = 1, sampling: SamplingParams | None = None,
-                 **kw) -> list[Completion]: # uid_base (a process's share), on_finish (with `caps.cancels`)
-        "`n` completions of each prompt, grouped by prompt: index `i*n + j` is sample `j` of prompt `i`"
-        raise NotImplementedError(f"{type(self).__name__} must define generate")
-
-    def run(self, requests: list[Request], sampling: SamplingParams | None = None, window: int | None = None,
-            on_finish=None) -> list[Completion]:
-        "Decode `requests` (with `caps.windows`: at most `window` new tokens each, unfinished ones paused)"
-        raise NotImplementedError(f"{type(self).__name__} has no windows (EngineCaps.windows)")
-
-    def sync_weights(self, model):
-        "Load `model`'s weights into the engine's own copy (engines with `caps.own_weights`)"
-
     @classmethod
     def memory(cls, cfg: Config, seqs: int, seq_tokens: int, # a GPU's share of a step: sequences, tokens each
                kv_per_token: int, # KV-cache bytes of one token (all layers)
@@ -367,13 +366,31 @@ class Engine:
         return EngineMemory(0, 0, seqs,
                             [(f"{cls.name or cls.__name__} engine", 0, "not modelled by the planner")])
 
-    def sleep(self):
-        ("Free the engine's device memory until the next `sync_weights` (the update needs it); no-op "
-         "by default")
+    def generate(self, prompts: list, n: int = 1, sampling: SamplingParams | None = None,
+                 **kw) -> list[Completion]: # uid_base (a process's share), on_finish (with `caps.cancels`)
+        "`n` completions of each prompt, grouped by prompt: index `i*n + j` is sample `j` of prompt `i`"
+        raise NotImplementedError(f"{type(self).__name__} must define generate")
 
-    def close(self):
-        ("Give back what the engine holds for good (a run closes its engine when `train` returns); no-op "
-         "by default")
+# %% ../nbs/03c_core.ipynb #70a3686e
+@patch
+def run(self: Engine, requests: list[Request], sampling: SamplingParams | None = None, window: int | None = None,
+        on_finish=None) -> list[Completion]:
+    "Decode `requests` (with `caps.windows`: at most `window` new tokens each, unfinished ones paused)"
+    raise NotImplementedError(f"{type(self).__name__} has no windows (EngineCaps.windows)")
+
+@patch
+def sync_weights(self: Engine, model):
+    "Load `model`'s weights into the engine's own copy (engines with `caps.own_weights`)"
+
+@patch
+def sleep(self: Engine):
+    ("Free the engine's device memory until the next `sync_weights` (the update needs it); no-op "
+     "by default")
+
+@patch
+def close(self: Engine):
+    ("Give back what the engine holds for good (a run closes its engine when `train` returns); no-op "
+     "by default")
 
 # %% ../nbs/03c_core.ipynb #c81a6e6e
 ENGINES: dict[str, type] = {}  # name -> Engine subclass; filled by `register_engine`

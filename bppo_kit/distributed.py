@@ -8,6 +8,7 @@ import atexit, importlib.util, os, warnings
 from contextlib import nullcontext
 from dataclasses import replace
 import torch
+from fastcore.basics import patch
 from .config import Config, ConfigError
 from .core import Rollout, TrainItem
 
@@ -38,58 +39,72 @@ class Dist:
         k = n // self.world
         return slice(self.rank * k, (self.rank + 1) * k)
 
-    def sum(self, xs: list[float]) -> list[float]:
-        "Element-wise sums over ranks (float64)"
-        if self.world == 1: return [float(x) for x in xs]
-        t = torch.tensor([float(x) for x in xs], dtype=torch.float64, device=self.acc.device)
-        return self.acc.reduce(t, "sum").tolist()
+# %% ../nbs/03e_distributed.ipynb #916e4689
+@patch
+def sum(self: Dist, xs: list[float]) -> list[float]:
+    "Element-wise sums over ranks (float64)"
+    if self.world == 1: return [float(x) for x in xs]
+    t = torch.tensor([float(x) for x in xs], dtype=torch.float64, device=self.acc.device)
+    return self.acc.reduce(t, "sum").tolist()
 
-    def gather(self, obj) -> list:
-        "`obj` from every rank, in rank order (pickled: small things only)"
-        if self.world == 1: return [obj]
-        from accelerate.utils import gather_object
-        return gather_object([obj])
+@patch
+def gather(self: Dist, obj) -> list:
+    "`obj` from every rank, in rank order (pickled: small things only)"
+    if self.world == 1: return [obj]
+    from accelerate.utils import gather_object
+    return gather_object([obj])
 
-    def any(self, flag: bool) -> bool: return self.sum([bool(flag)])[0] > 0  # true on every rank if on one
-    def max(self, n: int) -> int: return n if self.world == 1 else max(self.gather(n))
-    def barrier(self):
-        if self.world > 1: self.acc.wait_for_everyone()
+@patch
+def any(self: Dist, flag: bool) -> bool: return self.sum([bool(flag)])[0] > 0  # true on every rank if on one
+@patch
+def max(self: Dist, n: int) -> int: return n if self.world == 1 else max(self.gather(n))
+@patch
+def barrier(self: Dist):
+    if self.world > 1: self.acc.wait_for_everyone()
 
-    def prepare(self, model, opt):
-        "`model` and `opt` wrapped by accelerate (DDP, FSDP2); unchanged on one process"
-        if self.world == 1: return model, opt
-        # torch renames `broadcast_buffers`, which accelerate's handler still passes
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*broadcast_buffers.*deprecated")
-            return self.acc.prepare(model, opt)
+# %% ../nbs/03e_distributed.ipynb #98323e73
+@patch
+def prepare(self: Dist, model, opt):
+    "`model` and `opt` wrapped by accelerate (DDP, FSDP2); unchanged on one process"
+    if self.world == 1: return model, opt
+    # torch renames `broadcast_buffers`, which accelerate's handler still passes
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*broadcast_buffers.*deprecated")
+        return self.acc.prepare(model, opt)
 
-    def unwrap(self, model): return model if self.world == 1 else self.acc.unwrap_model(model)
+@patch
+def unwrap(self: Dist, model): return model if self.world == 1 else self.acc.unwrap_model(model)
 
-    def sync_if(self, model, last: bool):
-        "The context of one micro-batch's backward: gradients all-reduced only after the `last` one"
-        return nullcontext() if self.world == 1 or last else self.acc.no_sync(model)
+@patch
+def sync_if(self: Dist, model, last: bool):
+    "The context of one micro-batch's backward: gradients all-reduced only after the `last` one"
+    return nullcontext() if self.world == 1 or last else self.acc.no_sync(model)
 
-    def backward(self, loss: torch.Tensor):
-        "Backward of this rank's part of a sum over ranks (×world: the engine averages gradients over ranks)"
-        if self.world == 1: loss.backward()
-        else: self.acc.backward(loss * self.world)
+@patch
+def backward(self: Dist, loss: torch.Tensor):
+    "Backward of this rank's part of a sum over ranks (×world: the engine averages gradients over ranks)"
+    if self.world == 1: loss.backward()
+    else: self.acc.backward(loss * self.world)
 
-    def clip_grad_norm_(self, params, max_norm: float) -> torch.Tensor:
-        "The gradients' global norm before clipping, after clipping them to `max_norm`"
-        if self.world == 1: return torch.nn.utils.clip_grad_norm_(params, max_norm)
-        return self.acc.clip_grad_norm_(params, max_norm)
+@patch
+def clip_grad_norm_(self: Dist, params, max_norm: float) -> torch.Tensor:
+    "The gradients' global norm before clipping, after clipping them to `max_norm`"
+    if self.world == 1: return torch.nn.utils.clip_grad_norm_(params, max_norm)
+    return self.acc.clip_grad_norm_(params, max_norm)
 
-    def passes(self, model, n: int, zero, # `zero()`: a zero loss through the whole model
-               rounds: int | None = None): # the busiest process's `n` (asked for when None)
-        ("This process's `n` backward passes as (index, last?), then zero ones up to `rounds`: "
-         "collectives match")
-        # DDP's all-reduces and FSDP2's all-gathers pair up
-        rounds = self.max(n) if rounds is None else rounds
-        for i in range(rounds):
-            last = i == rounds - 1
-            if i < n: yield i, last
-            else:
-                with self.sync_if(model, last=last): self.backward(zero())
+# %% ../nbs/03e_distributed.ipynb #6dc0f127
+@patch
+def passes(self: Dist, model, n: int, zero, # `zero()`: a zero loss through the whole model
+           rounds: int | None = None): # the busiest process's `n` (asked for when None)
+    ("This process's `n` backward passes as (index, last?), then zero ones up to `rounds`: "
+     "collectives match")
+    # DDP's all-reduces and FSDP2's all-gathers pair up
+    rounds = self.max(n) if rounds is None else rounds
+    for i in range(rounds):
+        last = i == rounds - 1
+        if i < n: yield i, last
+        else:
+            with self.sync_if(model, last=last): self.backward(zero())
 
 # %% ../nbs/03e_distributed.ipynb #cd025818
 def bare(model):

@@ -219,11 +219,9 @@ def _token_kernel(Part, n_split, Hp, Wp, T, Old, Adv, Ref, Lse, Logp, Ratio, Los
     tl.store(Dlogp + rows, dl, mask=rmask)
     tl.store(Clip + rows, clipped.to(tl.int8), mask=rmask)
 
-# %% ../nbs/10_kernels.ipynb #94d568f9
-def _grad_tile_kernel(Hp, Wp, T, Lse, G, dH, dW, M, V, D,
-                      BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr,
-                      GROUP_M: tl.constexpr, F32_DOT: tl.constexpr, LOW_DZ: tl.constexpr, PREC: tl.constexpr):
-    "Triton: recompute one logits tile, form dL/dlogits, and atomically add its share of dH and dW"
+# %% ../nbs/10_kernels.ipynb #234b0b0f
+def _grouped_tile(M, V, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, GROUP_M: tl.constexpr):
+    "Triton: this program's `(token block, vocabulary tile)`, numbered in groups of `GROUP_M` token blocks"
     pid = tl.program_id(0)
     n_m, n_v = tl.cdiv(M, BLOCK_M), tl.cdiv(V, BLOCK_V)
     per_group = GROUP_M * n_v
@@ -231,6 +229,14 @@ def _grad_tile_kernel(Hp, Wp, T, Lse, G, dH, dW, M, V, D,
     size_m = tl.minimum(n_m - first_m, GROUP_M)
     pm = first_m + (pid % per_group) % size_m
     pv = (pid % per_group) // size_m
+    return pm, pv
+
+# %% ../nbs/10_kernels.ipynb #94d568f9
+def _grad_tile_kernel(Hp, Wp, T, Lse, G, dH, dW, M, V, D,
+                      BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr,
+                      GROUP_M: tl.constexpr, F32_DOT: tl.constexpr, LOW_DZ: tl.constexpr, PREC: tl.constexpr):
+    "Triton: recompute one logits tile, form dL/dlogits, and atomically add its share of dH and dW"
+    pm, pv = _grouped_tile(M, V, BLOCK_M, BLOCK_V, GROUP_M)
     rows = pm * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = pv * BLOCK_V + tl.arange(0, BLOCK_V)
     rmask, cmask = rows < M, cols < V
@@ -278,11 +284,13 @@ def interpreting() -> bool:
 _TRITON = {}
 
 def load_triton() -> dict:
-    "Import Triton, bind `tl`, and jit the three kernels (once); raises `ImportError` without Triton"
+    "Import Triton, bind `tl`, jit the kernels and their helper (once); raises `ImportError` without Triton"
     if not _TRITON:
-        global tl
+        global tl, _grouped_tile
         import triton, triton.language
         tl = triton.language
+        # the backward kernel calls its helper by this global name: jitted, a Triton function it can call
+        _grouped_tile = triton.jit(_grouped_tile)
         _TRITON.update(triton=triton, lse=triton.jit(_lse_partial_kernel), token=triton.jit(_token_kernel),
                        grad=triton.jit(_grad_tile_kernel))
     return _TRITON

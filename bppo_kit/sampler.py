@@ -7,6 +7,7 @@ from __future__ import annotations
 import random, time
 from dataclasses import replace
 import torch
+from fastcore.basics import patch
 from .config import Config, ConfigError
 from .core import Completion, Rollout, SamplingParams, engine_class, records_logprobs
 from .distributed import Dist, deal_items, gather_rollout
@@ -150,84 +151,100 @@ class Sampler:
         return SamplingParams(r.temperature, r.top_p, r.top_k, max_new_tokens or r.max_new_tokens, seed=seed,
                               logprobs=records_logprobs(self.cfg))
 
-    def grade(self, examples: list[Example], completions: list[Completion],
-              step: int = 0) -> tuple[list[float], list[bool]]:
-        ("The task's rewards and correctness of `completions`, timed; each reward function's mean kept "
-         "for the row")
-        t0 = time.time()
-        rw, ok, m = self.task.grade(examples, completions, step) if completions else ([], [], {})
-        for k, v in m.items():
-            if v is not None: self.reward_m.setdefault(k, []).append((v, len(completions)))
-        self.reward_s += time.time() - t0
-        return rw, ok
+# %% ../nbs/04c_sampler.ipynb #5dce3ff3
+@patch
+def grade(self: Sampler, examples: list[Example], completions: list[Completion],
+          step: int = 0) -> tuple[list[float], list[bool]]:
+    ("The task's rewards and correctness of `completions`, timed; each reward function's mean kept "
+     "for the row")
+    t0 = time.time()
+    rw, ok, m = self.task.grade(examples, completions, step) if completions else ([], [], {})
+    for k, v in m.items():
+        if v is not None: self.reward_m.setdefault(k, []).append((v, len(completions)))
+    self.reward_s += time.time() - t0
+    return rw, ok
 
-    def score(self, examples: list[Example], completions: list[Completion], step: int = 0) -> Rollout:
-        "`score_rollout` with the task's `grade`"
-        return score_rollout(examples, completions, self.cfg.rollout.group_size, self.tok.eos_token_id,
-                             lambda ex, cs: self.grade(ex, cs, step))
+@patch
+def score(self: Sampler, examples: list[Example], completions: list[Completion], step: int = 0) -> Rollout:
+    "`score_rollout` with the task's `grade`"
+    return score_rollout(examples, completions, self.cfg.rollout.group_size, self.tok.eos_token_id,
+                         lambda ex, cs: self.grade(ex, cs, step))
 
-    def encode(self, examples: list[Example]) -> list[list[int]]:
-        ("The prompt token ids of `examples` the engine gets, formatted as `data.prompt_format` says "
-         "(`prompt_ids`)")
-        return [prompt_ids(self.tok, e, self.cfg.data) for e in examples]
+@patch
+def take_reward_seconds(self: Sampler) -> float:
+    "Seconds spent grading since the last call"
+    s, self.reward_s = self.reward_s, 0.0
+    return s
 
-    def take_reward_seconds(self) -> float:
-        "Seconds spent grading since the last call"
-        s, self.reward_s = self.reward_s, 0.0
-        return s
+@patch
+def take_reward_metrics(self: Sampler) -> dict:
+    ("Each reward function's mean since the last call (`rewards/NAME`; None: never applied); same keys "
+     "on every rank")
+    m, self.reward_m = self.reward_m, {}
+    return {k: sum(v * n for v, n in m[k]) / sum(n for _, n in m[k]) if k in m else None
+            for k in (f"rewards/{n}" for n in self.task.names)}
 
-    def take_reward_metrics(self) -> dict:
-        ("Each reward function's mean since the last call (`rewards/NAME`; None: never applied); same keys "
-         "on every rank")
-        m, self.reward_m = self.reward_m, {}
-        return {k: sum(v * n for v, n in m[k]) / sum(n for _, n in m[k]) if k in m else None
-                for k in (f"rewards/{n}" for n in self.task.names)}
+# %% ../nbs/04c_sampler.ipynb #01aca5a9
+@patch
+def encode(self: Sampler, examples: list[Example]) -> list[list[int]]:
+    ("The prompt token ids of `examples` the engine gets, formatted as `data.prompt_format` says "
+     "(`prompt_ids`)")
+    return [prompt_ids(self.tok, e, self.cfg.data) for e in examples]
 
-    def step_prompts(self, step: int) -> list[Example]:
-        "This process's share of the step's prompts (all of them on one process)"
-        ex = self.prompts(step)
-        return ex[self.dist.share(len(ex))]
+@patch
+def step_prompts(self: Sampler, step: int) -> list[Example]:
+    "This process's share of the step's prompts (all of them on one process)"
+    ex = self.prompts(step)
+    return ex[self.dist.share(len(ex))]
 
-    def generate(self, examples: list[Example], sp: SamplingParams, first: int = 0, **kw) -> list[Completion]:
-        ("`group_size` completions of each of `examples`, whose first is prompt `first` of the step "
-         "(scale-out)")
-        G = self.cfg.rollout.group_size
-        if self.dist.world > 1: kw["uid_base"] = first * G  # the noise one process gives these prompts
-        return self.engine.generate(self.encode(examples), G, sp, **kw)
+@patch
+def generate(self: Sampler, examples: list[Example], sp: SamplingParams, first: int = 0,
+             **kw) -> list[Completion]:
+    ("`group_size` completions of each of `examples`, whose first is prompt `first` of the step "
+     "(scale-out)")
+    G = self.cfg.rollout.group_size
+    if self.dist.world > 1: kw["uid_base"] = first * G  # the noise one process gives these prompts
+    return self.engine.generate(self.encode(examples), G, sp, **kw)
 
-    def groups(self, step: int, make_on_finish=None, # the algorithm's `on_finish` (BPPO: early stop) or None
-               # the step's budget; None = the config's
-               max_new_tokens: int | None = None) -> tuple[Rollout, dict]:
-        ("The step's prompts, `group_size` completions each, graded and refilled (`algo.resample`); and "
-         "their metrics")
-        ex, first = self.step_prompts(step), self.dist.share(self.cfg.train.prompts_per_step)
-        sp = self.params(step, max_new_tokens=max_new_tokens)
-        on_finish = make_on_finish(ex) if make_on_finish is not None else None
-        cs = self.generate(ex, sp, first.start, **({"on_finish": on_finish} if on_finish else {}))
-        ro, refilled = self.resample(step, self.score(ex, cs, step), max_new_tokens)
-        ro = gather_rollout(self.dist, ro, first.start)  # every rank's share: the whole step
-        m = rollout_metrics(ro)
-        m["max_new_tokens"] = sp.max_new_tokens
-        if self.cfg.algo.resample: m["refilled_groups"] = int(self.dist.sum([refilled])[0])
-        return ro, m
+# %% ../nbs/04c_sampler.ipynb #8ff590a1
+@patch
+def resample(self: Sampler, step: int, ro: Rollout, max_new_tokens: int | None = None) -> tuple[Rollout, int]:
+    ("Up to `algo.resample` rounds of swapping zero-signal groups for fresh prompts' groups that "
+     "carry signal")
+    refilled = 0
+    for k in range(1, self.cfg.algo.resample + 1):
+        n_dead = int((ro.rewards.std(1, unbiased=False) <= 1e-6).sum())
+        # every rank's dead groups: this rank takes its slice of the fresh ones
+        counts = self.dist.gather(n_dead)
+        if not sum(counts): break
+        first = sum(counts[:self.dist.rank])
+        ex = self.prompts.extra(step, k, sum(counts))[first:first + n_dead]
+        if not ex: continue
+        cs = self.generate(ex, self.params(step, k, max_new_tokens), first)
+        ro, got = refill_groups(ro, self.score(ex, cs, step))
+        refilled += got
+    return ro, refilled
 
-    def deal(self, items: list) -> list:
-        "This process's deal of the step's train items (`deal_items`; all of them on one process)"
-        return items if self.dist.world == 1 else deal_items(items, self.dist.world)[self.dist.rank]
+# %% ../nbs/04c_sampler.ipynb #6b07fd06
+@patch
+def groups(self: Sampler, step: int,
+           make_on_finish=None, # the algorithm's `on_finish` (BPPO: early stop) or None
+           # the step's budget; None = the config's
+           max_new_tokens: int | None = None) -> tuple[Rollout, dict]:
+    ("The step's prompts, `group_size` completions each, graded and refilled (`algo.resample`); and "
+     "their metrics")
+    ex, first = self.step_prompts(step), self.dist.share(self.cfg.train.prompts_per_step)
+    sp = self.params(step, max_new_tokens=max_new_tokens)
+    on_finish = make_on_finish(ex) if make_on_finish is not None else None
+    cs = self.generate(ex, sp, first.start, **({"on_finish": on_finish} if on_finish else {}))
+    ro, refilled = self.resample(step, self.score(ex, cs, step), max_new_tokens)
+    ro = gather_rollout(self.dist, ro, first.start)  # every rank's share: the whole step
+    m = rollout_metrics(ro)
+    m["max_new_tokens"] = sp.max_new_tokens
+    if self.cfg.algo.resample: m["refilled_groups"] = int(self.dist.sum([refilled])[0])
+    return ro, m
 
-    def resample(self, step: int, ro: Rollout, max_new_tokens: int | None = None) -> tuple[Rollout, int]:
-        ("Up to `algo.resample` rounds of swapping zero-signal groups for fresh prompts' groups that "
-         "carry signal")
-        refilled = 0
-        for k in range(1, self.cfg.algo.resample + 1):
-            n_dead = int((ro.rewards.std(1, unbiased=False) <= 1e-6).sum())
-            # every rank's dead groups: this rank takes its slice of the fresh ones
-            counts = self.dist.gather(n_dead)
-            if not sum(counts): break
-            first = sum(counts[:self.dist.rank])
-            ex = self.prompts.extra(step, k, sum(counts))[first:first + n_dead]
-            if not ex: continue
-            cs = self.generate(ex, self.params(step, k, max_new_tokens), first)
-            ro, got = refill_groups(ro, self.score(ex, cs, step))
-            refilled += got
-        return ro, refilled
+@patch
+def deal(self: Sampler, items: list) -> list:
+    "This process's deal of the step's train items (`deal_items`; all of them on one process)"
+    return items if self.dist.world == 1 else deal_items(items, self.dist.world)[self.dist.rank]

@@ -144,21 +144,26 @@ class TPPO(Algorithm):
         "The entries a step generates a window for: `algo.oversample` batches"
         return max(self.batch_size(), round(self.cfg.algo.oversample * self.batch_size()))
 
-    def distribute(self, dist: Dist):
-        ("Scale-out: each process keeps its own pool (its own noise seed); the value model is wrapped like "
-         "the policy")
-        self.dist = dist
-        if self.value is not None: self.critic, self.vopt = dist.prepare(self.value, self.vopt)
+# %% ../nbs/09b_tppo.ipynb #75c61391
+@patch
+def distribute(self: TPPO, dist: Dist):
+    ("Scale-out: each process keeps its own pool (its own noise seed); the value model is wrapped like "
+     "the policy")
+    self.dist = dist
+    if self.value is not None: self.critic, self.vopt = dist.prepare(self.value, self.vopt)
 
-    def state_dict(self) -> dict:
-        return dict(pool=self.pool.state(), value=self.value.state_dict(), vopt=self.vopt.state_dict(),
-                    groups=self.groups)
+# %% ../nbs/09b_tppo.ipynb #7b9064cf
+@patch
+def state_dict(self: TPPO) -> dict:
+    return dict(pool=self.pool.state(), value=self.value.state_dict(), vopt=self.vopt.state_dict(),
+                groups=self.groups)
 
-    def load_state_dict(self, s: dict):
-        self.pool.load(s["pool"])
-        self.value.load_state_dict(s["value"])
-        self.vopt.load_state_dict(s["vopt"])
-        self.groups = {int(g): list(r) for g, r in s.get("groups", {}).items()}
+@patch
+def load_state_dict(self: TPPO, s: dict):
+    self.pool.load(s["pool"])
+    self.value.load_state_dict(s["value"])
+    self.vopt.load_state_dict(s["vopt"])
+    self.groups = {int(g): list(r) for g, r in s.get("groups", {}).items()}
 
 # %% ../nbs/09b_tppo.ipynb #c469c0b6
 @patch

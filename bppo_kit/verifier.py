@@ -11,6 +11,7 @@ from decimal import Decimal
 from fractions import Fraction
 from functools import lru_cache
 from multiprocessing.connection import wait as _wait_conns
+from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['MAX_CHARS', 'MAX_ANSWER', 'TASK_POLICIES', 'HARD_MARGIN', 'WORKER_MEMORY', 'CACHE', 'ANCHORED', 'FORMAT_RULES',
@@ -1029,69 +1030,76 @@ class SymbolicPool:
         "Allow up to `n` workers (never shrinks)"
         with self.lock: self.workers += [None] * max(0, n - len(self.workers))
 
-    def _start(self, i: int):
-        if self.method == "fork": _warm_up()
-        a, b = self.ctx.Pipe()
-        p = self.ctx.Process(target=_serve, args=(b, a if self.method == "fork" else None),
-                             name=f"bppo-verifier-{i}", daemon=not mp.current_process().daemon)
-        p.start()
-        b.close()
-        self.workers[i] = (p, a)
+# %% ../nbs/01_verifier.ipynb #5c325708
+@patch
+def _start(self: SymbolicPool, i: int):
+    if self.method == "fork": _warm_up()
+    a, b = self.ctx.Pipe()
+    p = self.ctx.Process(target=_serve, args=(b, a if self.method == "fork" else None),
+                         name=f"bppo-verifier-{i}", daemon=not mp.current_process().daemon)
+    p.start()
+    b.close()
+    self.workers[i] = (p, a)
 
-    def _kill(self, i: int):
-        w, self.workers[i] = self.workers[i], None
-        if w is None: return
-        p, conn = w
-        try:
-            p.kill()
-            p.join(1.0)
-        except (OSError, ValueError, AssertionError): pass
-        conn.close()
+@patch
+def _kill(self: SymbolicPool, i: int):
+    w, self.workers[i] = self.workers[i], None
+    if w is None: return
+    p, conn = w
+    try:
+        p.kill()
+        p.join(1.0)
+    except (OSError, ValueError, AssertionError): pass
+    conn.close()
 
-    def _alive(self, i: int) -> bool: return self.workers[i] is not None and self.workers[i][0].is_alive()
+@patch
+def _alive(self: SymbolicPool, i: int) -> bool: return self.workers[i] is not None and self.workers[i][0].is_alive()
 
-    def run(self, jobs: list[tuple], # (kind, pred forms, gold forms) with kind "ours" or "plain"
-            timeout: float = 2.0) -> list[bool | None]: # seconds per job
-        "Verdicts of `jobs` in order: True/False, or None for a job that overran (its worker is killed)"
-        if not have_math_verify(): return [False] * len(jobs)
-        with self.lock:
-            if os.getpid() != self.pid:  # we are a forked copy: the workers belong to our parent
-                self.workers, self.pid = [None] * len(self.workers), os.getpid()
-            results, todo, busy = [None] * len(jobs), deque(range(len(jobs))), {}  # worker -> (job, deadline)
-            while todo or busy:
-                for i in range(len(self.workers)):
-                    if i in busy or not todo: continue
-                    # starting a worker counts against the job's time
-                    j, t0 = todo.popleft(), time.monotonic()
-                    if not self._alive(i):
-                        self._kill(i)
-                        self._start(i)
-                    try: self.workers[i][1].send((*jobs[j], timeout))
-                    except (OSError, ValueError):  # died between check and send: no verdict
-                        self._kill(i)
-                        continue
-                    busy[i] = (j, t0 + timeout + HARD_MARGIN)
-                    self.jobs += 1
-                if not busy: continue
-                wait_s = max(0.0, min(d for _, d in busy.values()) - time.monotonic())
-                ready = set(_wait_conns([self.workers[i][1] for i in busy], timeout=wait_s))
-                for i in list(busy):
-                    if self.workers[i][1] in ready:
-                        j, _ = busy.pop(i)
-                        try: results[j] = self.workers[i][1].recv()
-                        except (EOFError, OSError): self._kill(i)  # crashed (e.g. a native stack overflow)
-                now = time.monotonic()
-                for i, (_, d) in list(busy.items()):
-                    if now >= d:
-                        busy.pop(i)
-                        self._kill(i)
-                        self.kills += 1
-            return results
+@patch
+def close(self: SymbolicPool):
+    "Stop all workers"
+    with self.lock:
+        for i in range(len(self.workers)): self._kill(i)
 
-    def close(self):
-        "Stop all workers"
-        with self.lock:
-            for i in range(len(self.workers)): self._kill(i)
+# %% ../nbs/01_verifier.ipynb #0f767312
+@patch
+def run(self: SymbolicPool, jobs: list[tuple], # (kind, pred forms, gold forms) with kind "ours" or "plain"
+        timeout: float = 2.0) -> list[bool | None]: # seconds per job
+    "Verdicts of `jobs` in order: True/False, or None for a job that overran (its worker is killed)"
+    if not have_math_verify(): return [False] * len(jobs)
+    with self.lock:
+        if os.getpid() != self.pid:  # we are a forked copy: the workers belong to our parent
+            self.workers, self.pid = [None] * len(self.workers), os.getpid()
+        results, todo, busy = [None] * len(jobs), deque(range(len(jobs))), {}  # worker -> (job, deadline)
+        while todo or busy:
+            for i in range(len(self.workers)):
+                if i in busy or not todo: continue
+                # starting a worker counts against the job's time
+                j, t0 = todo.popleft(), time.monotonic()
+                if not self._alive(i):
+                    self._kill(i)
+                    self._start(i)
+                try: self.workers[i][1].send((*jobs[j], timeout))
+                except (OSError, ValueError):  # died between check and send: no verdict
+                    self._kill(i)
+                    continue
+                busy[i] = (j, t0 + timeout + HARD_MARGIN)
+                self.jobs += 1
+            if not busy: continue
+            wait_s = max(0.0, min(d for _, d in busy.values()) - time.monotonic())
+            ready = set(_wait_conns([self.workers[i][1] for i in busy], timeout=wait_s))
+            for i in list(busy):
+                if self.workers[i][1] in ready:
+                    j, _ = busy.pop(i)
+                    try: results[j] = self.workers[i][1].recv()
+                    except (EOFError, OSError): self._kill(i)  # crashed (e.g. a native stack overflow)
+            now = time.monotonic()
+            for i, (_, d) in list(busy.items()):
+                if now >= d:
+                    busy.pop(i)
+                    self._kill(i)
+                    self.kills += 1
+        return results
 
 # %% ../nbs/01_verifier.ipynb #593b3c11
 _POOLS: dict[int, SymbolicPool] = {}

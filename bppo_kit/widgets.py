@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util, io, math, os, threading, time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+from fastcore.basics import patch
 from .config import Config, ConfigError, from_dict, get_config, set_value, to_dict, validate
 from .core import ENGINES, algorithm_names
 from .api import RLTrainer
@@ -151,7 +152,6 @@ class Panel:
         self._n, self._stop, self._ui, self._drawn = 0, threading.Event(), None, 0.0
         self.message = ""
 
-    # --- the plain API -----------------------------------------------------------------------------------------
     def set(self, key: str, value):
         "Set config field `key` (checked); the matching control follows"
         set_value(self.cfg, key, value)
@@ -162,182 +162,206 @@ class Panel:
     @property
     def busy(self) -> bool: return any(r.status in ("queued", "running") for r in self.runs)
 
-    def run(self, blocking: bool = False) -> RunRecord:
-        "Start a run of the current config in a background thread; with `blocking` wait for it to finish"
-        if self.busy: raise RuntimeError("a run is in progress: stop it first")
-        cfg = validate(from_dict(to_dict(self.cfg)))  # a copy: later edits do not touch a running run
-        self._n += 1
-        name = f"run{self._n}-{cfg.algo.name}"
-        set_value(cfg, "train.out", str(self.out / name))
-        rec = RunRecord(name, cfg, label=self._label(name, cfg))
-        self.runs.append(rec)
-        self._stop = threading.Event()
-        rec.thread = threading.Thread(target=self._work, args=(rec, self._stop),
-                                      name=f"bppo-{name}", daemon=True)
-        rec.thread.start()
-        if blocking: self.wait()
-        return rec
-
-    def wait(self):
-        "Wait for the current run; Ctrl-C stops it after the current step"
-        for r in self.runs:
-            while r.thread is not None and r.thread.is_alive():
-                try: r.thread.join(0.2)
-                except KeyboardInterrupt: self.stop()
-
-    def stop(self):
-        "Ask the current run to stop after its current step"
-        self._stop.set()
-        self.message = "stopping after this step…"
-        self._refresh(force=True)
-
-    def clear(self):
-        "Forget every run (their folders stay on disk)"
-        if self.busy: raise RuntimeError("a run is in progress: stop it first")
-        self.runs.clear()
-        self.message = ""
-        self._refresh(force=True)
-
-    def summary(self) -> str:
-        ("One line per run: status, steps, eval accuracy first → last, last batch accuracy, response tokens, "
-         "s per step")
-        lines = [f"{'run':<12} {'status':<8} {'steps':>7} {'eval acc':>13} {'batch acc':>9} "
-                 f"{'tokens':>7} {'s/step':>7}  settings"]
-        for r in self.runs:
-            e0, e1 = (r.evals[0]["accuracy"], r.evals[-1]["accuracy"]) if r.evals else (math.nan, math.nan)
-            last = r.steps[-1] if r.steps else {}
-            sps = sum(s["wall_s"] for s in r.steps) / len(r.steps) if r.steps else math.nan
-            lines.append(f"{r.name:<12} {r.status:<8} {len(r.steps):>3}/{r.cfg.train.steps:<3} "
-                         f"{e0:>6.3f}→{e1:<6.3f} {last.get('accuracy', math.nan):>9.3f} "
-                         f"{last.get('response_tokens_mean', math.nan):>7.1f} {sps:>7.2f}  "
-                         f"{r.label[len(r.name):].strip()}" + (f"  {r.error}" if r.error else ""))
-        return "\n".join(lines) if self.runs else "no runs yet: press Run (or call .run())"
-
-    def figure(self): return plot_runs(self.runs)
-    def __repr__(self): return self.summary()
-
-    # --- the training thread -----------------------------------------------------------------------------------
-    def _work(self, rec: RunRecord, stop: threading.Event):
-        rec.status = "running"
-        self._refresh(force=True)
-        def on_log(kind, row):
-            rec.on_log(kind, row)
-            self._refresh()
-        from transformers.utils import logging as hf_logging
-        bars = hf_logging.is_progress_bar_enabled()
-        # "Loading weights" bars from a thread would land in whichever cell ran last
-        hf_logging.disable_progress_bar()
-        try:
-            rec.summary = RLTrainer(args=rec.cfg).train(progress=False, overwrite=True,
-                                                        on_log=on_log, stop_event=stop)
-            rec.status = "done" if rec.summary["steps"] >= rec.cfg.train.steps else "stopped"
-        except Exception as e:  # shown in the panel; the kernel carries on
-            rec.status, rec.error = "failed", f"{type(e).__name__}: {e}"
-        finally:
-            if bars: hf_logging.enable_progress_bar()
-        self.message = ""
-        self._refresh(force=True)
-
     def _part(self, key):
         s, n = key.split(".")
         return getattr(self.cfg, s), n
 
-    def _label(self, name: str, cfg: Config) -> str:
-        "The run's name plus the shown settings that differ from the first run's"
-        if not self.runs: return name
-        ref, keys = self.runs[0].cfg, panel_fields(cfg)[0]
-        get = lambda c, k: getattr(getattr(c, k.split(".")[0]), k.split(".")[1])
-        diff = [f"{k.split('.')[1]}={get(cfg, k):g}" if isinstance(get(cfg, k), float)
-                else f"{k.split('.')[1]}={get(cfg, k)}"
-                for k in keys if k != "algo.name" and get(cfg, k) != get(ref, k)]
-        return " ".join([name] + diff)
+# %% ../nbs/13_widgets.ipynb #278c2aa9
+@patch
+def _label(self: Panel, name: str, cfg: Config) -> str:
+    "The run's name plus the shown settings that differ from the first run's"
+    if not self.runs: return name
+    ref, keys = self.runs[0].cfg, panel_fields(cfg)[0]
+    get = lambda c, k: getattr(getattr(c, k.split(".")[0]), k.split(".")[1])
+    diff = [f"{k.split('.')[1]}={get(cfg, k):g}" if isinstance(get(cfg, k), float)
+            else f"{k.split('.')[1]}={get(cfg, k)}"
+            for k in keys if k != "algo.name" and get(cfg, k) != get(ref, k)]
+    return " ".join([name] + diff)
 
-    # --- widgets -----------------------------------------------------------------------------------------------
-    def _control(self, key: str):
-        import ipywidgets as W
-        sp, v = widget_spec(self.cfg, key), getattr(*self._part(key))
-        # "more settings": the full key
-        label = LABELS.get(key) or (key.split(".")[1] if key in panel_fields(self.cfg)[0] else key)
-        kw = dict(description=label, description_tooltip=key, style={"description_width": "125px"},
-                  layout=W.Layout(width="auto"))
-        k = sp["kind"]
-        if k == "dropdown": w = W.Dropdown(options=sp["options"], value=v, **kw)
-        elif k == "checkbox": w = W.Checkbox(value=v, indent=False, **kw)
-        elif k == "text": w = W.Text(value=v, **kw)
-        elif k in ("int_slider", "float_slider"):
-            # a value outside the usual range (a GPU preset's 300 steps) widens it
-            cls, fmt = (W.IntSlider, "d") if k == "int_slider" else (W.FloatSlider, ".3g")
-            w = cls(value=v, min=min(sp["min"], v), max=max(sp["max"], v), step=sp["step"],
-                    continuous_update=False, readout_format=fmt, **kw)
-        elif k == "log_slider":
-            w = W.FloatLogSlider(value=v, min=math.log10(min(sp["min"], v)),
-                                 max=math.log10(max(sp["max"], v)), step=sp["step"], base=10,
-                                 continuous_update=False, readout_format=".1e", **kw)
-        else:
-            cls = W.BoundedIntText if k == "int_box" else W.BoundedFloatText
-            big = 2**31 - 1 if k == "int_box" else 1e12
-            w = cls(value=v, min=sp["min"] if sp["min"] is not None else -big,
-                    max=sp["max"] if sp["max"] is not None else big, **kw)
-        w.observe(lambda ch, key=key: self._on_change(key, ch["new"]), names="value")
-        return w
+# %% ../nbs/13_widgets.ipynb #8688dca3
+@patch
+def summary(self: Panel) -> str:
+    ("One line per run: status, steps, eval accuracy first → last, last batch accuracy, response tokens, "
+     "s per step")
+    lines = [f"{'run':<12} {'status':<8} {'steps':>7} {'eval acc':>13} {'batch acc':>9} "
+             f"{'tokens':>7} {'s/step':>7}  settings"]
+    for r in self.runs:
+        e0, e1 = (r.evals[0]["accuracy"], r.evals[-1]["accuracy"]) if r.evals else (math.nan, math.nan)
+        last = r.steps[-1] if r.steps else {}
+        sps = sum(s["wall_s"] for s in r.steps) / len(r.steps) if r.steps else math.nan
+        lines.append(f"{r.name:<12} {r.status:<8} {len(r.steps):>3}/{r.cfg.train.steps:<3} "
+                     f"{e0:>6.3f}→{e1:<6.3f} {last.get('accuracy', math.nan):>9.3f} "
+                     f"{last.get('response_tokens_mean', math.nan):>7.1f} {sps:>7.2f}  "
+                     f"{r.label[len(r.name):].strip()}" + (f"  {r.error}" if r.error else ""))
+    return "\n".join(lines) if self.runs else "no runs yet: press Run (or call .run())"
 
-    def _on_change(self, key, value):
-        try:
-            set_value(self.cfg, key, value)
-            self.message = ""
-        except ConfigError as e: self.message = f"⚠ {e}"
+@patch
+def figure(self: Panel): return plot_runs(self.runs)
+
+@patch
+def __repr__(self: Panel): return self.summary()
+
+# %% ../nbs/13_widgets.ipynb #a8080e8f
+@patch
+def _refresh(self: Panel, force: bool = False):
+    "Redraw status and plot (at most twice a second unless `force`)"
+    ui = self._ui
+    if ui is None or (not force and time.time() - self._drawn < 0.5): return
+    self._drawn = time.time()
+    busy = self.busy
+    ui["run"].disabled, ui["stop"].disabled, ui["clear"].disabled = busy, not busy, busy
+    import html
+    ui["status"].value = (f"<pre class='bppo-status' style='font-size:11px;margin:2px'>"
+                          f"{html.escape(self.summary())}</pre>"
+                          + (f"<div style='color:#b00'>{html.escape(self.message)}</div>"
+                             if self.message else ""))
+    if self.runs or ui["plot"].value: ui["plot"].value = fig_png(self.figure())
+
+@patch
+def _click(self: Panel, fn):
+    try: fn()
+    except (RuntimeError, ConfigError) as e:
+        self.message = f"⚠ {e}"
         self._refresh(force=True)
 
-    def widget(self):
-        "The ipywidgets panel (built once)"
-        if self._ui is not None: return self._ui["box"]
-        import ipywidgets as W
-        shown, more = panel_fields(self.cfg)
-        controls = {k: self._control(k) for k in shown + more}
-        grid = lambda ks: W.GridBox([controls[k] for k in ks], layout=W.Layout(
-            grid_template_columns="repeat(auto-fill, minmax(320px, 1fr))", grid_gap="2px 12px"))
-        acc = W.Accordion([grid(more)])
-        acc.set_title(0, "more settings")
-        acc.selected_index = None
-        bt = dict(layout=W.Layout(width="110px"))
-        run, stop, clear = (W.Button(description="Run", button_style="success", icon="play", **bt),
-                            W.Button(description="Stop", button_style="danger",
-                                     icon="stop", disabled=True, **bt),
-                            W.Button(description="Clear", icon="trash", **bt))
-        run.on_click(lambda _: self._click(self.run))
-        stop.on_click(lambda _: self.stop())
-        clear.on_click(lambda _: self._click(self.clear))
-        status, plot = W.HTML(), W.Image(format="png", layout=W.Layout(max_width="1040px"))
-        box = W.VBox([grid(shown), acc, W.HBox([run, stop, clear]), status, plot])
-        box.add_class("bppo-panel")
-        self._ui = dict(box=box, controls=controls, run=run, stop=stop, clear=clear, status=status, plot=plot)
-        self._refresh(force=True)
-        return box
+# %% ../nbs/13_widgets.ipynb #51378b40
+@patch
+def stop(self: Panel):
+    "Ask the current run to stop after its current step"
+    self._stop.set()
+    self.message = "stopping after this step…"
+    self._refresh(force=True)
 
-    def _click(self, fn):
-        try: fn()
-        except (RuntimeError, ConfigError) as e:
-            self.message = f"⚠ {e}"
-            self._refresh(force=True)
+@patch
+def clear(self: Panel):
+    "Forget every run (their folders stay on disk)"
+    if self.busy: raise RuntimeError("a run is in progress: stop it first")
+    self.runs.clear()
+    self.message = ""
+    self._refresh(force=True)
 
-    def _refresh(self, force: bool = False):
-        "Redraw status and plot (at most twice a second unless `force`)"
-        ui = self._ui
-        if ui is None or (not force and time.time() - self._drawn < 0.5): return
-        self._drawn = time.time()
-        busy = self.busy
-        ui["run"].disabled, ui["stop"].disabled, ui["clear"].disabled = busy, not busy, busy
-        import html
-        ui["status"].value = (f"<pre class='bppo-status' style='font-size:11px;margin:2px'>"
-                              f"{html.escape(self.summary())}</pre>"
-                              + (f"<div style='color:#b00'>{html.escape(self.message)}</div>"
-                                 if self.message else ""))
-        if self.runs or ui["plot"].value: ui["plot"].value = fig_png(self.figure())
+# %% ../nbs/13_widgets.ipynb #c4efa0f0
+@patch
+def _work(self: Panel, rec: RunRecord, stop: threading.Event):
+    rec.status = "running"
+    self._refresh(force=True)
+    def on_log(kind, row):
+        rec.on_log(kind, row)
+        self._refresh()
+    from transformers.utils import logging as hf_logging
+    bars = hf_logging.is_progress_bar_enabled()
+    # "Loading weights" bars from a thread would land in whichever cell ran last
+    hf_logging.disable_progress_bar()
+    try:
+        rec.summary = RLTrainer(args=rec.cfg).train(progress=False, overwrite=True,
+                                                    on_log=on_log, stop_event=stop)
+        rec.status = "done" if rec.summary["steps"] >= rec.cfg.train.steps else "stopped"
+    except Exception as e:  # shown in the panel; the kernel carries on
+        rec.status, rec.error = "failed", f"{type(e).__name__}: {e}"
+    finally:
+        if bars: hf_logging.enable_progress_bar()
+    self.message = ""
+    self._refresh(force=True)
 
-    def _ipython_display_(self):
-        from IPython.display import display, Image
-        if has_frontend():
-            display(self.widget())
-            return
-        print(self.summary())
-        if self.runs: display(Image(fig_png(self.figure())))
+# %% ../nbs/13_widgets.ipynb #aa1320ae
+@patch
+def run(self: Panel, blocking: bool = False) -> RunRecord:
+    "Start a run of the current config in a background thread; with `blocking` wait for it to finish"
+    if self.busy: raise RuntimeError("a run is in progress: stop it first")
+    cfg = validate(from_dict(to_dict(self.cfg)))  # a copy: later edits do not touch a running run
+    self._n += 1
+    name = f"run{self._n}-{cfg.algo.name}"
+    set_value(cfg, "train.out", str(self.out / name))
+    rec = RunRecord(name, cfg, label=self._label(name, cfg))
+    self.runs.append(rec)
+    self._stop = threading.Event()
+    rec.thread = threading.Thread(target=self._work, args=(rec, self._stop),
+                                  name=f"bppo-{name}", daemon=True)
+    rec.thread.start()
+    if blocking: self.wait()
+    return rec
+
+@patch
+def wait(self: Panel):
+    "Wait for the current run; Ctrl-C stops it after the current step"
+    for r in self.runs:
+        while r.thread is not None and r.thread.is_alive():
+            try: r.thread.join(0.2)
+            except KeyboardInterrupt: self.stop()
+
+# %% ../nbs/13_widgets.ipynb #853a6d08
+@patch
+def _on_change(self: Panel, key, value):
+    try:
+        set_value(self.cfg, key, value)
+        self.message = ""
+    except ConfigError as e: self.message = f"⚠ {e}"
+    self._refresh(force=True)
+
+# %% ../nbs/13_widgets.ipynb #cfe2ac5d
+@patch
+def _control(self: Panel, key: str):
+    import ipywidgets as W
+    sp, v = widget_spec(self.cfg, key), getattr(*self._part(key))
+    # "more settings": the full key
+    label = LABELS.get(key) or (key.split(".")[1] if key in panel_fields(self.cfg)[0] else key)
+    kw = dict(description=label, description_tooltip=key, style={"description_width": "125px"},
+              layout=W.Layout(width="auto"))
+    k = sp["kind"]
+    if k == "dropdown": w = W.Dropdown(options=sp["options"], value=v, **kw)
+    elif k == "checkbox": w = W.Checkbox(value=v, indent=False, **kw)
+    elif k == "text": w = W.Text(value=v, **kw)
+    elif k in ("int_slider", "float_slider"):
+        # a value outside the usual range (a GPU preset's 300 steps) widens it
+        cls, fmt = (W.IntSlider, "d") if k == "int_slider" else (W.FloatSlider, ".3g")
+        w = cls(value=v, min=min(sp["min"], v), max=max(sp["max"], v), step=sp["step"],
+                continuous_update=False, readout_format=fmt, **kw)
+    elif k == "log_slider":
+        w = W.FloatLogSlider(value=v, min=math.log10(min(sp["min"], v)),
+                             max=math.log10(max(sp["max"], v)), step=sp["step"], base=10,
+                             continuous_update=False, readout_format=".1e", **kw)
+    else:
+        cls = W.BoundedIntText if k == "int_box" else W.BoundedFloatText
+        big = 2**31 - 1 if k == "int_box" else 1e12
+        w = cls(value=v, min=sp["min"] if sp["min"] is not None else -big,
+                max=sp["max"] if sp["max"] is not None else big, **kw)
+    w.observe(lambda ch, key=key: self._on_change(key, ch["new"]), names="value")
+    return w
+
+# %% ../nbs/13_widgets.ipynb #ce8ebc60
+@patch
+def widget(self: Panel):
+    "The ipywidgets panel (built once)"
+    if self._ui is not None: return self._ui["box"]
+    import ipywidgets as W
+    shown, more = panel_fields(self.cfg)
+    controls = {k: self._control(k) for k in shown + more}
+    grid = lambda ks: W.GridBox([controls[k] for k in ks], layout=W.Layout(
+        grid_template_columns="repeat(auto-fill, minmax(320px, 1fr))", grid_gap="2px 12px"))
+    acc = W.Accordion([grid(more)])
+    acc.set_title(0, "more settings")
+    acc.selected_index = None
+    bt = dict(layout=W.Layout(width="110px"))
+    run, stop, clear = (W.Button(description="Run", button_style="success", icon="play", **bt),
+                        W.Button(description="Stop", button_style="danger",
+                                 icon="stop", disabled=True, **bt),
+                        W.Button(description="Clear", icon="trash", **bt))
+    run.on_click(lambda _: self._click(self.run))
+    stop.on_click(lambda _: self.stop())
+    clear.on_click(lambda _: self._click(self.clear))
+    status, plot = W.HTML(), W.Image(format="png", layout=W.Layout(max_width="1040px"))
+    box = W.VBox([grid(shown), acc, W.HBox([run, stop, clear]), status, plot])
+    box.add_class("bppo-panel")
+    self._ui = dict(box=box, controls=controls, run=run, stop=stop, clear=clear, status=status, plot=plot)
+    self._refresh(force=True)
+    return box
+
+# %% ../nbs/13_widgets.ipynb #13e5770f
+@patch
+def _ipython_display_(self: Panel):
+    from IPython.display import display, Image
+    if has_frontend():
+        display(self.widget())
+        return
+    print(self.summary())
+    if self.runs: display(Image(fig_png(self.figure())))

@@ -28,3 +28,19 @@ def test_house_rules_can_fail(tmp_path):
     out = r.stdout
     assert r.returncode == 1
     assert "kernels" in out and "long is 62 lines" in out and "trainer" in out
+
+def test_long_export_cell_breaks_the_house_rules(tmp_path):
+    "A lesson's `#| export` cell of 41 lines (directives not counted) is a finding; 40 lines is not"
+    shutil.copytree(ROOT / "bppo_kit", tmp_path / "bppo_kit")
+    (tmp_path / "nbs").mkdir()
+    def lesson(n_lines):
+        src = "#| export\n" + "\n".join(f"x{i} = {i}" for i in range(n_lines))
+        cell = {"cell_type": "code", "id": "c0ffee00", "metadata": {}, "execution_count": None, "outputs": [],
+                "source": src}
+        (tmp_path / "nbs" / "99_long.ipynb").write_text(json.dumps({"cells": [cell], "metadata": {},
+                                                                    "nbformat": 4, "nbformat_minor": 5}))
+    lesson(40)
+    assert tool("check_house.py", tmp_path / "bppo_kit").returncode == 0
+    lesson(41)
+    r = tool("check_house.py", tmp_path / "bppo_kit")
+    assert r.returncode == 1 and "99_long.ipynb: cell c0ffee00 is 41 lines" in r.stdout

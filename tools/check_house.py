@@ -7,13 +7,14 @@
    `.name in (..)`): the loop talks to the algorithm interface only.
 5. At most 2% of the package's code lines are over 110 characters (a code line holds more than a comment; nbdev's own
    lines, the module docstring and `__all__`, count too). Wrap inside brackets; a comment goes on the line above.
+6. No `#| export` cell of the lessons (`nbs/` beside the package, when there is one) is longer than 40 lines
+   (directives not counted): a lesson shows one small thing per cell; split a class with `@patch`.
 
 Imports are read from the syntax tree, anywhere in the module (inside functions too): `from .x import ..`,
 `from bppo_kit.x import ..`, `from . import x`, `from bppo_kit import x`, `import bppo_kit.x`. Fix a finding in the
 notebook the module is exported from, then `nbdev-export`.
 
-`--cells` reports instead every `#| export` cell in nbs/ longer than 40 lines (directives not counted): a lesson shows
-one small thing per cell. It is not part of the default check yet; it is turned on when the long cells are split.
+`--cells` checks rule 6 alone, on a folder of notebooks.
 
 Usage: python tools/check_house.py [PACKAGE_DIR]   (default: bppo_kit/ of this checkout); exit 1 on any finding.
        python tools/check_house.py --cells [NBS_DIR]   (default: nbs/ of this checkout); exit 1 on any finding."""
@@ -106,6 +107,8 @@ def check(pkg_dir: Path) -> dict[str, list[str]]:
            "trainer asks which algorithm it has": asks_which_algo(mod("trainer")) if mod("trainer").exists() else [],
            f"code lines over {WIDE} characters: {len(wide) / max(n_code, 1):.1%} of {n_code} "
            f"(at most {MAX_WIDE_SHARE:.0%})": wide if len(wide) > MAX_WIDE_SHARE * n_code else []}
+    nbs_dir = pkg_dir.parent / "nbs"
+    if nbs_dir.is_dir(): res[f"export cells over {MAX_CELL_LINES} lines"] = long_export_cells(nbs_dir)
     return res
 
 def cells_report(nbs_dir: Path) -> int:

@@ -6,6 +6,7 @@
 from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from types import SimpleNamespace
+from fastcore.basics import patch
 import torch
 from ..bppo import PREFIX_MODES, pair_advantages, prefix_lengths, scheduled_ratio, select_binary
 from ..config import AlgoConfig
@@ -174,45 +175,6 @@ class BPPOTrainer(GRPOTrainer):
     # GRPOConfig: the kit's
     def _bppo_knob(self, name: str): return getattr(self.args, name, KIT_DEFAULTS[name])
 
-    def _bppo_groups(self, mode: str) -> dict:
-        "`score_groups` of the whole generation batch (every process's completions), on the CPU"
-        rewards_per_func, ids = self._bppo_seen
-        dev = rewards_per_func.device
-        n = self.accelerator.gather(torch.tensor([len(x) for x in ids], device=dev))
-        ended = self.accelerator.gather(torch.tensor([bool(x) and x[-1] in self.eos_token_ids for x in ids],
-                                                     device=dev))
-        G = self.num_generations if mode == "train" else self.num_generations_eval
-        g = score_groups(rewards_per_func, self.reward_weights.to(dev), n, ended, G,
-                         self._bppo_knob("correct_threshold"))
-        return {k: v.cpu() for k, v in g.items()}
-
-    def _generate_and_score_completions(self, inputs):
-        "TRL's generation batch, with BPPO's advantages, cut to the trained rows and prefixes"
-        out = super()._generate_and_score_completions(inputs)
-        mode, k = "train" if self.model.training else "eval", self._bppo_knob
-        g = self._bppo_groups(mode)
-        ratio = scheduled_ratio(self.state.global_step, self.state.max_steps,
-                                k("prefix_ratio"), k("prefix_ratio_end"))
-        adv, keep, m = bppo_targets(g["rewards"], g["correct"], g["lengths"], g["n_tokens"], g["valid"],
-                                    prefix_mode=k("prefix_mode"), ratio=ratio,
-                                    prefix_tokens=k("prefix_tokens"),
-                                    class_weight=k("class_weight"), loss_scale=k("loss_scale"),
-                                    reduction=LOSS_REDUCTION[self.loss_type])
-        n, dev, p = out["prompt_ids"].shape[0], out["prompt_ids"].device, self.accelerator.process_index
-        mine = slice(p * n, (p + 1) * n)  # this process's rows, as TRL slices its advantages
-        out = compact_batch(out, adv.flatten()[mine].to(dev), keep.flatten()[mine].to(dev),
-                            torch.arange(adv.numel(), device=dev)[mine],
-                            self.args.steps_per_generation if mode == "train" else 1, self.pad_to_multiple_of)
-        mask = (out["completion_mask"] if out.get("tool_mask") is None
-                else out["completion_mask"] * out["tool_mask"])
-        # the trained tokens, every process's
-        out["num_items_in_batch"] = self.accelerator.gather(mask.sum()).sum()
-        out["bppo_scale"] = torch.tensor(row_scale(self.loss_type, len(out["bppo_index"]),
-                                                   self.accelerator.num_processes, int((keep > 0).sum())))
-        for name, v in m.items(): self._metrics[mode][f"bppo/{name}"].append(float(v))
-        self._bppo_seen = None
-        return out
-
     def _compute_loss(self, model, inputs):
         "TRL's loss, its advantages and `beta` times the batch's `row_scale` (1 under `dapo`)"
         scale, beta = float(inputs.get("bppo_scale", 1.0)), self.beta
@@ -222,3 +184,46 @@ class BPPOTrainer(GRPOTrainer):
             return super()._compute_loss(model, inputs | dict(advantages=inputs["advantages"] * scale))
         finally:
             self.beta = beta
+
+# %% ../../nbs/14_trl.ipynb #b36440c4
+@patch
+def _bppo_groups(self: BPPOTrainer, mode: str) -> dict:
+    "`score_groups` of the whole generation batch (every process's completions), on the CPU"
+    rewards_per_func, ids = self._bppo_seen
+    dev = rewards_per_func.device
+    n = self.accelerator.gather(torch.tensor([len(x) for x in ids], device=dev))
+    ended = self.accelerator.gather(torch.tensor([bool(x) and x[-1] in self.eos_token_ids for x in ids],
+                                                 device=dev))
+    G = self.num_generations if mode == "train" else self.num_generations_eval
+    g = score_groups(rewards_per_func, self.reward_weights.to(dev), n, ended, G,
+                     self._bppo_knob("correct_threshold"))
+    return {k: v.cpu() for k, v in g.items()}
+
+# %% ../../nbs/14_trl.ipynb #49dd85d8
+@patch
+def _generate_and_score_completions(self: BPPOTrainer, inputs):
+    "TRL's generation batch, with BPPO's advantages, cut to the trained rows and prefixes"
+    out = super(BPPOTrainer, self)._generate_and_score_completions(inputs)
+    mode, k = "train" if self.model.training else "eval", self._bppo_knob
+    g = self._bppo_groups(mode)
+    ratio = scheduled_ratio(self.state.global_step, self.state.max_steps,
+                            k("prefix_ratio"), k("prefix_ratio_end"))
+    adv, keep, m = bppo_targets(g["rewards"], g["correct"], g["lengths"], g["n_tokens"], g["valid"],
+                                prefix_mode=k("prefix_mode"), ratio=ratio,
+                                prefix_tokens=k("prefix_tokens"),
+                                class_weight=k("class_weight"), loss_scale=k("loss_scale"),
+                                reduction=LOSS_REDUCTION[self.loss_type])
+    n, dev, p = out["prompt_ids"].shape[0], out["prompt_ids"].device, self.accelerator.process_index
+    mine = slice(p * n, (p + 1) * n)  # this process's rows, as TRL slices its advantages
+    out = compact_batch(out, adv.flatten()[mine].to(dev), keep.flatten()[mine].to(dev),
+                        torch.arange(adv.numel(), device=dev)[mine],
+                        self.args.steps_per_generation if mode == "train" else 1, self.pad_to_multiple_of)
+    mask = (out["completion_mask"] if out.get("tool_mask") is None
+            else out["completion_mask"] * out["tool_mask"])
+    # the trained tokens, every process's
+    out["num_items_in_batch"] = self.accelerator.gather(mask.sum()).sum()
+    out["bppo_scale"] = torch.tensor(row_scale(self.loss_type, len(out["bppo_index"]),
+                                               self.accelerator.num_processes, int((keep > 0).sum())))
+    for name, v in m.items(): self._metrics[mode][f"bppo/{name}"].append(float(v))
+    self._bppo_seen = None
+    return out
