@@ -13,7 +13,7 @@ prompts: `PromptSource(cfg)(k)`.
 - TRL: `trl.GRPOTrainer`; step time is measured by a `TrainerCallback` from `on_step_begin` to `on_step_end` (one
   generation round, reward, advantages, both micro-batches' forward/backward, clip and optimizer step; not TRL's
   logging). The time between consecutive `on_step_end`s (which adds data loading and logging) is reported too.
-- TRL + BPPO: `bppo_kit.integrations.trl.BPPOTrainer` (the TRL lesson, 14_trl) with the same arguments and the kit's
+- TRL + BPPO: `bppo_kit.integrations.trl.BPPOTrainer` (the TRL lesson, 29_trl) with the same arguments and the kit's
   BPPO defaults (`algo.*` of the preset): the same generation, then only the shortest correct and incorrect
   completion of each mixed group, cut to its prefix, is trained.
 

@@ -165,7 +165,7 @@ class AlgoConfig(_TPPOFields):
     # truncated importance sampling: tokens weighted min(p_trainer / p_engine, tis_cap) where the engine's numerics
     # differ from the trainer's (vLLM, or a compute dtype below float32); 0 = off
     tis_cap: float = param(2.0, ge=0)
-    # the subset family (lesson 07b): completions trained per group. cppo: the largest |advantage|; pods: the subset of
+    # the subset family (lesson 15): completions trained per group. cppo: the largest |advantage|; pods: the subset of
     # largest reward variance; gfpo: by `gfpo_rule`
     keep: int = param(2, ge=1)
     # GFPO: which `keep` completions train: the shortest, or the most token-efficient (reward per token)

@@ -36,7 +36,7 @@ def browser():
 def lab(tmp_path_factory):
     "JupyterLab on 127.0.0.1 (free port, random token) serving a temp folder that holds a copy of the widgets lesson"
     d = tmp_path_factory.mktemp("lab")
-    shutil.copy(ROOT / "nbs" / "13_widgets.ipynb", d / "13_widgets.ipynb")
+    shutil.copy(ROOT / "nbs" / "28_widgets.ipynb", d / "28_widgets.ipynb")
     (d / "tutorials").mkdir()
     for nb in (ROOT / "nbs" / "tutorials").glob("*.ipynb"):  # GPU-only cells left out, as nbdev-test skips them
         j = json.loads(nb.read_text())
@@ -93,7 +93,7 @@ def test_widgets_panel_in_jupyterlab(lab, browser):
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     errors = []
     page.on("pageerror", lambda e: errors.append(str(e)))
-    page.goto(f"{lab['url']}/lab/tree/13_widgets.ipynb?token={lab['token']}", timeout=120_000)
+    page.goto(f"{lab['url']}/lab/tree/28_widgets.ipynb?token={lab['token']}", timeout=120_000)
     page.wait_for_function("window.jupyterapp && document.querySelector('.jp-Notebook')", timeout=120_000)
     page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
     # the kernel must be up before "run all" (its status shows in the toolbar)

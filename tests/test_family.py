@@ -1,4 +1,4 @@
-"""BPPO's peers (lesson 07b): CPPO's rule against its public code, each class small and outside the loop, and every
+"""BPPO's peers (lesson 15): CPPO's rule against its public code, each class small and outside the loop, and every
 method trained by the same `train()` from its name alone."""
 import inspect, re
 import pytest, torch

@@ -1,4 +1,4 @@
-"""BPPO inside TRL (lesson 14_trl): `BPPOTrainer` runs on the tiny policy and trains exactly what the kit's BPPO
+"""BPPO inside TRL (lesson 29_trl): `BPPOTrainer` runs on the tiny policy and trains exactly what the kit's BPPO
 trains — two prefix-cut completions per mixed group, none of a group with one reward, the kit's advantages to 1e-6 —
 and, for every `loss_type` it accepts (dapo, grpo, dr_grpo), with and without the KL, a step's loss and gradients equal
 the kit's `BPPO.prepare` + `update` on the same completions (tolerances below, at `PAT`)."""

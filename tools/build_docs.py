@@ -5,7 +5,7 @@ Each notebook is executed at the small sizes its tests use (`IN_TEST=1`, as unde
 few steps and the whole site builds in minutes; `--full` runs the full-size cells instead: tens of minutes), with cells
 flagged `#| gpu`, `#| slow` or `#| eval: false` skipped (`#| hide` cells run but are not shown), then exported with
 nbconvert. Every page gets a navigation bar (index, previous, next); links between
-notebooks (`07_bppo.ipynb`) become links between pages. The markdown pages of `docs/results/` (measurements with
+notebooks (`14_bppo.ipynb`) become links between pages. The markdown pages of `docs/results/` (measurements with
 their commands) and `docs/guides/` (how-tos) render as `results_NAME.html` and `guide_NAME.html`, listed on the index;
 links to them (`docs/results/tppo.md`, `../guides/gpu.md`, `tppo.md` beside it) become links to those. Widgets
 print their text summary instead of rendering (`BPPO_NO_WIDGETS=1`). `--check` only verifies that every local link
@@ -63,7 +63,7 @@ def md_page(href: str, here: str = "") -> str | None:
     return f"{MD_PAGES[folder]}_{path.stem}.html"
 
 def fix_links(body: str, here: str = "") -> str:
-    "Links to notebooks (`../07_bppo.ipynb#x`), results and guide pages (`../docs/results/tppo.md`) go to their pages"
+    "Links to notebooks (`../14_bppo.ipynb#x`), results and guide pages (`../docs/results/tppo.md`) go to their pages"
     names = {p.stem: page_name(p) for p in all_notebooks()}
     def sub(m):
         stem = Path(unquote(m.group(2))).stem
