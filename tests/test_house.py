@@ -44,3 +44,14 @@ def test_long_export_cell_breaks_the_house_rules(tmp_path):
     lesson(41)
     r = tool("check_house.py", tmp_path / "bppo_kit")
     assert r.returncode == 1 and "99_long.ipynb: cell c0ffee00 is 41 lines" in r.stdout
+
+def test_lesson_importing_a_later_lesson_breaks_the_house_rules(tmp_path):
+    "Lessons are numbered in pipeline order: config (00) importing from data (01) is a finding"
+    pkg = tmp_path / "bppo_kit"
+    shutil.copytree(ROOT / "bppo_kit", pkg)
+    (tmp_path / "nbs").mkdir()
+    for nb in ("00_config.ipynb", "01_data.ipynb"): shutil.copy(ROOT / "nbs" / nb, tmp_path / "nbs" / nb)
+    assert tool("check_house.py", pkg).returncode == 0
+    (pkg / "config.py").write_text((pkg / "config.py").read_text() + "\nfrom .data import load_task\n")
+    r = tool("check_house.py", pkg)
+    assert r.returncode == 1 and "00_config.ipynb (config) imports data, taught later in 01_data.ipynb" in r.stdout

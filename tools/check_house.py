@@ -9,12 +9,14 @@
    lines, the module docstring and `__all__`, count too). Wrap inside brackets; a comment goes on the line above.
 6. No `#| export` cell of the lessons (`nbs/` beside the package, when there is one) is longer than 40 lines
    (directives not counted): a lesson shows one small thing per cell; split a class with `@patch`.
+7. Lessons are numbered in pipeline order: a lesson's module (`#| default_exp`) imports only from modules of lessons
+   numbered before it, so reading `nbs/` in order never meets a name not yet taught.
 
 Imports are read from the syntax tree, anywhere in the module (inside functions too): `from .x import ..`,
 `from bppo_kit.x import ..`, `from . import x`, `from bppo_kit import x`, `import bppo_kit.x`. Fix a finding in the
 notebook the module is exported from, then `nbdev-export`.
 
-`--cells` checks rule 6 alone, on a folder of notebooks.
+`--cells` checks rule 6 alone, on a folder of notebooks. Rules 6 and 7 run when `nbs/` sits beside the package.
 
 Usage: python tools/check_house.py [PACKAGE_DIR]   (default: bppo_kit/ of this checkout); exit 1 on any finding.
        python tools/check_house.py --cells [NBS_DIR]   (default: nbs/ of this checkout); exit 1 on any finding."""
@@ -94,6 +96,28 @@ def long_export_cells(nbs_dir: Path) -> list[str]:
                 out.append(f"{rel(nb)}: cell {c.get('id')} is {n} lines (at most {MAX_CELL_LINES})")
     return out
 
+def lesson_numbers(nbs_dir: Path) -> dict[str, tuple[int, str]]:
+    "Module name -> (lesson number, notebook name), from each lesson's `#| default_exp`"
+    out = {}
+    for nb in sorted(nbs_dir.glob("[0-9]*.ipynb")):
+        src = "\n".join("".join(c["source"]) for c in json.loads(nb.read_text(encoding="utf-8"))["cells"])
+        m = re.search(r"^#\|\s*default_exp\s+(\S+)", src, re.M)
+        if m: out[m.group(1)] = (int(re.match(r"\d+", nb.name).group()), nb.name)
+    return out
+
+def later_imports(nbs_dir: Path, pkg_dir: Path) -> list[str]:
+    "`a.ipynb imports b (lesson N)` wherever a lesson's module imports from a lesson numbered the same or later"
+    nums, out = lesson_numbers(nbs_dir), []
+    for mod, (n, nb) in nums.items():
+        path = pkg_dir / (mod.replace(".", "/") + ".py")
+        if not path.exists(): continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not (isinstance(node, ast.ImportFrom) and node.module): continue
+            name = node.module if node.level else node.module.removeprefix(pkg_dir.name + ".")
+            if name != mod and name in nums and nums[name][0] >= n:
+                out.append(f"{nb} ({mod}) imports {name}, taught later in {nums[name][1]}")
+    return out
+
 def check(pkg_dir: Path) -> dict[str, list[str]]:
     "Findings by rule for the package in `pkg_dir`"
     pkg, mod = pkg_dir.name, lambda name: pkg_dir / f"{name}.py"
@@ -108,7 +132,9 @@ def check(pkg_dir: Path) -> dict[str, list[str]]:
            f"code lines over {WIDE} characters: {len(wide) / max(n_code, 1):.1%} of {n_code} "
            f"(at most {MAX_WIDE_SHARE:.0%})": wide if len(wide) > MAX_WIDE_SHARE * n_code else []}
     nbs_dir = pkg_dir.parent / "nbs"
-    if nbs_dir.is_dir(): res[f"export cells over {MAX_CELL_LINES} lines"] = long_export_cells(nbs_dir)
+    if nbs_dir.is_dir():
+        res[f"export cells over {MAX_CELL_LINES} lines"] = long_export_cells(nbs_dir)
+        res["a lesson imports from a later lesson"] = later_imports(nbs_dir, pkg_dir)
     return res
 
 def cells_report(nbs_dir: Path) -> int:
