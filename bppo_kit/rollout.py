@@ -143,6 +143,8 @@ def generate(self: HFBatchEngine,
     flat = [x for x in ids for _ in range(n)]
     t0 = time.time()
     cbc = ContinuousBatchingConfig(return_logprobs=sp.logprobs)
+    # a paged cache for these requests, all at once: left unset, transformers sizes it from the machine's free memory
+    cbc.num_blocks = sum(-(-(len(x) + sp.max_new_tokens) // cbc.page_size) for x in flat)
     res = self.model.generate_batch(inputs=flat, generation_config=gc, progress_bar=self.progress,
                                     continuous_batching_config=cbc)
     outs = list(res.values())
