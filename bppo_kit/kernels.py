@@ -470,13 +470,18 @@ def reference_errors(impl: str = "chunked", N: int = 37, H: int = 24, V: int = 1
     h64, w64 = h.double().requires_grad_(), w.double().requires_grad_()
     want = naive_prefix_loss(h64, w64, t, old, adv, mask, ref_logp=ref, beta=beta)
     want.backward()
+    # the loss's scale: the same terms with |advantage|, so tokens whose terms cancel do not shrink the denominator
+    with torch.no_grad(): scale = naive_prefix_loss(h.double(), w.double(), t, old, adv.abs(), mask, ref_logp=ref,
+                                                    beta=beta).abs()
     dev = lambda x: x.to(device)
     hx, wx = dev(h).requires_grad_(), dev(w).requires_grad_()
     got, st = prefix_policy_loss(hx, wx, dev(t), dev(old).float(), dev(adv).float(), dev(mask),
                                  ref_logp=dev(ref).float(), beta=beta, impl=impl, return_stats=True, **kw)
     got.backward()
     rel = lambda a, b: ((a.detach().double().cpu() - b).abs().max() / b.abs().max().clamp(min=1e-12)).item()
-    return dict(loss=rel(got, want.detach()), hidden=rel(hx.grad, h64.grad), weight=rel(wx.grad, w64.grad),
+    err = (got.detach().double().cpu() - want.detach()).abs().item()
+    return dict(loss=err / max(scale.item(), abs(want.item()), 1e-12),
+                hidden=rel(hx.grad, h64.grad), weight=rel(wx.grad, w64.grad),
                 masked_grad=hx.grad[~dev(mask)].abs().max().item() if (~mask).any() else 0.0,
                 clip_frac=st["clip_frac"], impl=pick_impl(hx, impl))
 

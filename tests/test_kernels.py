@@ -3,7 +3,7 @@ in a subprocess under TRITON_INTERPRET=1 (skipped without triton), plus dispatch
 benchmark's CI size."""
 import importlib.util, json, subprocess, sys
 import pytest, torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import example, given, settings, strategies as st
 from bppo_kit.kernels import pick_impl, prefix_policy_loss, reference_errors, run_interpreted, token_terms
 from conftest import ROOT
 
@@ -20,6 +20,8 @@ def test_chunked_matches_float64(kw):
     assert _ok(e), e
 
 @settings(max_examples=30, deadline=None)
+# two unmasked tokens whose loss terms nearly cancel: the loss's error is measured against its terms' scale
+@example(N=26, H=16, V=270, masked=0.9, bn=1, bv=1, beta=0.0, seed=23706)
 @given(N=st.integers(1, 50), H=st.integers(1, 33), V=st.integers(1, 300), masked=st.sampled_from([0.0, 0.3, 0.9, 1.0]),
        bn=st.integers(1, 64), bv=st.integers(1, 128), beta=st.sampled_from([0.0, 0.05]), seed=st.integers(0, 10**6))
 def test_chunked_random_shapes(N, H, V, masked, bn, bv, beta, seed):
