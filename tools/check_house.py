@@ -10,7 +10,8 @@
 6. No `#| export` cell of the lessons (`nbs/` beside the package, when there is one) is longer than 40 lines
    (directives not counted): a lesson shows one small thing per cell; split a class with `@patch`.
 7. Lessons are numbered in pipeline order: a lesson's module (`#| default_exp`) imports only from modules of lessons
-   numbered before it, so reading `nbs/` in order never meets a name not yet taught.
+   numbered before it, so reading `nbs/` in order never meets a name not yet taught (a bare `import bppo_kit.x` that
+   only registers built-ins, as `core`'s engine lookup does, names nothing and is not counted).
 
 Imports are read from the syntax tree, anywhere in the module (inside functions too): `from .x import ..`,
 `from bppo_kit.x import ..`, `from . import x`, `from bppo_kit import x`, `import bppo_kit.x`. Fix a finding in the
@@ -48,15 +49,17 @@ def long_functions(path: Path) -> list[str]:
             if n > MAX_LINES: out.append(f"{rel(path)}:{node.lineno}: {node.name} is {n} lines (at most {MAX_LINES})")
     return out
 
-def kit_imports(path: Path, pkg: str) -> list[tuple[int, str]]:
-    "`(line, module)` for every import of a module of package `pkg` (named without the package) in `path`"
+def kit_imports(path: Path, pkg: str, bare: bool = True) -> list[tuple[int, str]]:
+    ("`(line, module)` for every import of a module of package `pkg` (named without the package) in `path`; "
+     "`bare=False` leaves out `import pkg.x`, which imports a module for its side effects (registering built-ins)")
     out = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
-        if isinstance(node, ast.Import):
+        if isinstance(node, ast.Import) and bare:
             out += [(node.lineno, a.name.split(".")[1]) for a in node.names if a.name.startswith(pkg + ".")]
         elif isinstance(node, ast.ImportFrom):
             mod = node.module or ""
-            if node.level == 1 or (node.level == 0 and (mod == pkg or mod.startswith(pkg + "."))):
+            # `.x` in a module of the package, `..x` in a subpackage's (`integrations.trl`)
+            if node.level in (1, 2) or (node.level == 0 and (mod == pkg or mod.startswith(pkg + "."))):
                 rest = mod if node.level else mod[len(pkg) + 1:]
                 if rest: out.append((node.lineno, rest.split(".")[0]))  # from .x import .. / from pkg.x import ..
                 else: out += [(node.lineno, a.name) for a in node.names]  # from . import x / from pkg import x
@@ -111,11 +114,9 @@ def later_imports(nbs_dir: Path, pkg_dir: Path) -> list[str]:
     for mod, (n, nb) in nums.items():
         path = pkg_dir / (mod.replace(".", "/") + ".py")
         if not path.exists(): continue
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if not (isinstance(node, ast.ImportFrom) and node.module): continue
-            name = node.module if node.level else node.module.removeprefix(pkg_dir.name + ".")
-            if name != mod and name in nums and nums[name][0] >= n:
-                out.append(f"{nb} ({mod}) imports {name}, taught later in {nums[name][1]}")
+        out += [f"{nb} ({mod}) imports {name}, taught later in {nums[name][1]}"
+                for _, name in kit_imports(path, pkg_dir.name, bare=False)
+                if name != mod and name in nums and nums[name][0] >= n]
     return out
 
 def check(pkg_dir: Path) -> dict[str, list[str]]:
