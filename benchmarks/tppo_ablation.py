@@ -1,0 +1,148 @@
+"""The T-PPO ablation table (and figure) of docs/results/tppo.md, from a `bppo compare` folder.
+
+One row per variant, each number as a mean over seeds with the seeds in brackets: final accuracy (the full
+evaluations), final accuracy on the subset evaluations, the decode steps until the subset evaluations first reached
+the baseline's final subset accuracy *for the same seed* less `--tolerance` (as `benchmarks/seed_targets.py`, here as a
+ratio to the baseline's total), the critic's explained variance and the response length (both `run_summary`'s). The
+last column pairs each variant's final accuracy with the reference variant's seed by seed (same seed: same starting
+policy and prompts) and gives the mean difference with its 95% t-interval (`benchmarks/seed_ci.py`'s). The "changed"
+column is the variant's `bppo compare` overrides that the reference does not have. Runs still in progress (no full
+evaluation after their last step) are left out.
+
+    python benchmarks/tppo_ablation.py runs/tail-abl --baseline ppo --reference tppo_recipe \
+        --figure docs/images/tppo-tail-ablation-3seeds.png
+"""
+import argparse, statistics
+from pathlib import Path
+
+from bppo_kit.compare import VARIANTS, read_jsonl_rows, run_summary
+from seed_ci import mean_ci
+from seed_targets import runs_of, subset_curve  # benchmarks/ is on the path when a script here runs
+
+
+def finished(run: Path) -> bool:
+    "Whether a run's last evaluation is a full one after its last logged step (the end of a finished run)"
+    m, e = read_jsonl_rows(run / "metrics.jsonl"), read_jsonl_rows(run / "eval.jsonl")
+    if not (m and e): return False
+    full = max(r.get("problems") or 0 for r in e)
+    return (e[-1].get("problems") or full) == full and e[-1]["step"] == len(m)
+
+
+def cost_ratio(run: Path, base: Path, unit: str = "decode_steps", tolerance: float = 0.01) -> float | None:
+    "`unit` spent until `run`'s subset evaluations first reached `base`'s final subset accuracy less `tolerance`"
+    bc = subset_curve(base, unit)
+    target, budget = bc[-1][1] - tolerance, bc[-1][0]
+    hit = next((x for x, acc in subset_curve(run, unit) if acc >= target), None)
+    return None if hit is None else hit / budget
+
+
+def ablation(runs: dict[str, dict[int, Path]], baseline: str, unit: str = "decode_steps",
+             tolerance: float = 0.01) -> dict[str, dict[int, dict]]:
+    "variant -> seed -> accuracy, subset accuracy, cost ratio, critic EV and response tokens (finished runs only)"
+    base = runs[baseline]
+    out: dict[str, dict[int, dict]] = {}
+    for name, seeds in runs.items():
+        for s, run in sorted(seeds.items()):
+            if s not in base or not (finished(run) and finished(base[s])): continue
+            m = run_summary(run)
+            out.setdefault(name, {})[s] = dict(
+                acc=100 * m["final_accuracy"], ratio=cost_ratio(run, base[s], unit, tolerance),
+                sub=100 * m["final_subset_accuracy"] if m["final_subset_accuracy"] is not None else None,
+                ev=m["critic_ev"], tokens=m["final_tokens"])
+    return out
+
+
+def changed(name: str, reference: str) -> str:
+    "The `bppo compare` overrides of `name` that `reference` does not have"
+    if name == reference: return "—"
+    ref = set(VARIANTS.get(reference, []))
+    extra = [o for o in VARIANTS.get(name, []) if o not in ref]
+    return ", ".join(f"`{o}`" for o in extra) or "(not a variant of the reference)"
+
+
+def _fmt(xs: list, d: int = 1) -> str:
+    "Mean, and each seed's value in brackets when there are several"
+    v = [x for x in xs if x is not None]
+    if not v: return "–"
+    per = f" ({', '.join(f'{x:.{d}f}' for x in v)})" if len(v) > 1 else ""
+    return f"{statistics.fmean(v):.{d}f}{per}"
+
+
+def _fmt_ratio(xs: list) -> str:
+    "Mean ratio over the seeds that reached the target, how many did, and each seed's"
+    hits = [x for x in xs if x is not None]
+    head = f"{statistics.fmean(hits):.2f}x" if hits else "never"
+    if hits and len(hits) < len(xs): head += f" in {len(hits)} of {len(xs)}"
+    per = f" ({', '.join('never' if x is None else f'{x:.2f}x' for x in xs)})" if len(xs) > 1 else ""
+    return head + per
+
+
+def paired(per: dict[str, dict[int, dict]], name: str, reference: str) -> str:
+    "Mean seed-by-seed difference of final accuracy from `reference`, ± its 95% half-width"
+    seeds = sorted(set(per[name]) & set(per.get(reference, {})))
+    if name == reference or not seeds: return "—"
+    m, h = mean_ci([per[name][s]["acc"] - per[reference][s]["acc"] for s in seeds])
+    return f"{m:+.1f} ± {h:.1f}" if len(seeds) > 1 else f"{m:+.1f}"
+
+
+def table(per: dict[str, dict[int, dict]], baseline: str, reference: str) -> list[str]:
+    "The results page's ablation table, the baseline and the reference first"
+    lines = ["| variant | changed | seeds | final accuracy % | on the subset % | decode steps to the baseline's "
+             "accuracy | critic EV | response tokens | final accuracy vs the reference, paired (95% CI) |",
+             "|---" * 9 + "|"]
+    order = [baseline, reference, *sorted(n for n in per if n not in (baseline, reference))]
+    for n in [n for n in order if n in per]:
+        col = lambda k, n=n: [r[k] for _, r in sorted(per[n].items())]
+        what = "(the baseline)" if n == baseline else changed(n, reference)
+        lines.append(f"| `{n}` | {what} | {len(per[n])} | {_fmt(col('acc'))} | {_fmt(col('sub'))} | "
+                     f"{_fmt_ratio(col('ratio'))} | {_fmt(col('ev'), 2)} | {_fmt(col('tokens'))} | "
+                     f"{paired(per, n, reference)} |")
+    return lines
+
+
+def figure(per: dict[str, dict[int, dict]], baseline: str, reference: str):
+    "Each seed's final accuracy and cost ratio, one line per variant (a cross: the target never reached)"
+    from matplotlib.figure import Figure
+    names = [baseline, reference, *sorted(n for n in per if n not in (baseline, reference))]
+    names = [n for n in names if n in per][::-1]
+    fig = Figure(figsize=(9, 0.45 * len(names) + 1.2))
+    ax1, ax2 = fig.subplots(1, 2, sharey=True)
+    for y, n in enumerate(names):
+        rs = list(per[n].values())
+        acc, ratio = [r["acc"] for r in rs], [r["ratio"] for r in rs]
+        ax1.plot(acc, [y] * len(acc), "o", mfc="none", color="C0")
+        ax1.plot([statistics.fmean(acc)], [y], "|", ms=14, mew=2, color="C0")
+        hits = [x for x in ratio if x is not None]
+        ax2.plot(hits, [y] * len(hits), "o", mfc="none", color="C1")
+        ax2.plot([1.05] * (len(ratio) - len(hits)), [y] * (len(ratio) - len(hits)), "x", color="C3")
+        if hits: ax2.plot([statistics.fmean(hits)], [y], "|", ms=14, mew=2, color="C1")
+    ref = [r["acc"] for r in per.get(reference, {}).values()]
+    if ref: ax1.axvline(statistics.fmean(ref), ls=":", color="grey", lw=1)
+    ax2.axvline(0.6, ls="--", color="k", lw=1, label="0.6x")
+    ax1.set_yticks(range(len(names)), names, fontsize=8)
+    ax1.set_xlabel("final accuracy % (o: a seed, |: the mean)")
+    ax2.set_xlabel(f"decode steps to {baseline}'s accuracy, x {baseline}'s (x: never)")
+    ax2.legend(fontsize=7)
+    for a in (ax1, ax2): a.grid(alpha=.3)
+    fig.tight_layout()
+    return fig
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("folder", type=Path)
+    ap.add_argument("--baseline", default="ppo")
+    ap.add_argument("--reference", default="tppo_recipe")
+    ap.add_argument("--unit", default="decode_steps")
+    ap.add_argument("--tolerance", type=float, default=0.01)
+    ap.add_argument("--figure", type=Path, help="where to save the figure (png)")
+    a = ap.parse_args()
+    runs = runs_of(a.folder)
+    if a.baseline not in runs: raise SystemExit(f"no {a.baseline}-sN runs in {a.folder}")
+    per = ablation(runs, a.baseline, a.unit, a.tolerance)
+    print("\n".join(table(per, a.baseline, a.reference)))
+    if a.figure: figure(per, a.baseline, a.reference).savefig(a.figure, dpi=80)
+
+
+if __name__ == "__main__":
+    main()
