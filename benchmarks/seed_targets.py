@@ -38,13 +38,18 @@ def subset_curve(run: Path, unit: str) -> list[tuple[float, float]]:
     return out
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def folder_args(doc: str) -> argparse.ArgumentParser:
+    "The arguments of a script that reads a compare folder against a baseline: folder, --baseline, --unit, --tolerance"
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("folder", type=Path)
     ap.add_argument("--baseline", default="ppo")
     ap.add_argument("--unit", default="decode_steps")
     ap.add_argument("--tolerance", type=float, default=0.01)
-    a = ap.parse_args()
+    return ap
+
+
+def main():
+    a = folder_args(__doc__).parse_args()
     runs = runs_of(a.folder)
     base = runs.pop(a.baseline)
     print(f"| variant | seed | target (baseline's final subset acc - {a.tolerance:g}) | baseline's {a.unit} "

@@ -12,12 +12,12 @@ evaluation after their last step) are left out.
     python benchmarks/tppo_ablation.py runs/tail-abl --baseline ppo --reference tppo_recipe \
         --figure docs/images/tppo-tail-ablation-3seeds.png
 """
-import argparse, statistics
+import statistics
 from pathlib import Path
 
 from bppo_kit.compare import VARIANTS, read_jsonl_rows, run_summary
 from seed_ci import mean_ci
-from seed_targets import runs_of, subset_curve  # benchmarks/ is on the path when a script here runs
+from seed_targets import folder_args, runs_of, subset_curve  # benchmarks/ is on the path when a script here runs
 
 
 def finished(run: Path) -> bool:
@@ -129,12 +129,8 @@ def figure(per: dict[str, dict[int, dict]], baseline: str, reference: str):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("folder", type=Path)
-    ap.add_argument("--baseline", default="ppo")
+    ap = folder_args(__doc__)
     ap.add_argument("--reference", default="tppo_recipe")
-    ap.add_argument("--unit", default="decode_steps")
-    ap.add_argument("--tolerance", type=float, default=0.01)
     ap.add_argument("--figure", type=Path, help="where to save the figure (png)")
     a = ap.parse_args()
     runs = runs_of(a.folder)
