@@ -38,6 +38,18 @@ def subset_curve(run: Path, unit: str) -> list[tuple[float, float]]:
     return out
 
 
+def cost_to_target(run: Path, base: Path, unit: str = "decode_steps", tolerance: float = 0.01):
+    """`base`'s final subset accuracy less `tolerance` (the target) and its total `unit` (the budget); the `unit` `run`
+    spent until its subset evaluations first reached the target, and until two in a row did (None: never); its curve"""
+    bc = subset_curve(base, unit)
+    target, budget = bc[-1][1] - tolerance, bc[-1][0]
+    c = subset_curve(run, unit)
+    ok = [acc >= target for _, acc in c]
+    hit = next((x for (x, _), y in zip(c, ok) if y), None)
+    held = next((x for (x, _), y, z in zip(c, ok, ok[1:]) if y and z), None)
+    return target, budget, hit, held, c
+
+
 def folder_args(doc: str) -> argparse.ArgumentParser:
     "The arguments of a script that reads a compare folder against a baseline: folder, --baseline, --unit, --tolerance"
     ap = argparse.ArgumentParser(description=doc.splitlines()[0])
@@ -59,12 +71,7 @@ def main():
     for name, seeds in [(a.baseline, base), *runs.items()]:
         for s, run in sorted(seeds.items()):
             if s not in base: continue
-            bc = subset_curve(base[s], a.unit)
-            target, budget = bc[-1][1] - a.tolerance, bc[-1][0]
-            c = subset_curve(run, a.unit)
-            ok = [acc >= target for _, acc in c]
-            hit = next((x for (x, _), y in zip(c, ok) if y), None)
-            held = next((x for (x, _), y, z in zip(c, ok, ok[1:]) if y and z), None)
+            target, budget, hit, held, c = cost_to_target(run, base[s], a.unit, a.tolerance)
             f = lambda v: "never" if v is None else f"{v:.0f}"
             r = lambda v, b=budget: "–" if v is None else f"{v / b:.2f}x"
             ratios.setdefault(name, []).append((hit, held, budget))

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from bppo_kit.compare import VARIANTS, read_jsonl_rows, run_summary
 from seed_ci import mean_ci
-from seed_targets import folder_args, runs_of, subset_curve  # benchmarks/ is on the path when a script here runs
+from seed_targets import cost_to_target, folder_args, runs_of  # benchmarks/ is on the path when a script here runs
 
 
 def finished(run: Path) -> bool:
@@ -30,9 +30,7 @@ def finished(run: Path) -> bool:
 
 def cost_ratio(run: Path, base: Path, unit: str = "decode_steps", tolerance: float = 0.01) -> float | None:
     "`unit` spent until `run`'s subset evaluations first reached `base`'s final subset accuracy less `tolerance`"
-    bc = subset_curve(base, unit)
-    target, budget = bc[-1][1] - tolerance, bc[-1][0]
-    hit = next((x for x, acc in subset_curve(run, unit) if acc >= target), None)
+    _, budget, hit, _, _ = cost_to_target(run, base, unit, tolerance)
     return None if hit is None else hit / budget
 
 
