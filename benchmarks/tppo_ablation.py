@@ -6,8 +6,8 @@ the baseline's final subset accuracy *for the same seed* less `--tolerance` (as 
 ratio to the baseline's total), the critic's explained variance and the response length (both `run_summary`'s). The
 last column pairs each variant's final accuracy with the reference variant's seed by seed (same seed: same starting
 policy and prompts) and gives the mean difference with its 95% t-interval (`benchmarks/seed_ci.py`'s). The "changed"
-column is the variant's `bppo compare` overrides that the reference does not have. Runs still in progress (no full
-evaluation after their last step) are left out.
+column is the variant's `bppo compare` overrides that the reference does not have. Runs that `bppo compare` would
+not skip as finished (still in progress) are left out.
 
     python benchmarks/tppo_ablation.py runs/tail-abl --baseline ppo --reference tppo_recipe \
         --figure docs/images/tppo-tail-ablation-3seeds.png
@@ -15,17 +15,15 @@ evaluation after their last step) are left out.
 import statistics
 from pathlib import Path
 
-from bppo_kit.compare import VARIANTS, read_jsonl_rows, run_summary
+from bppo_kit.compare import VARIANTS, run_status, run_summary
+from bppo_kit.config import load_config
 from seed_ci import mean_ci
 from seed_targets import cost_to_target, folder_args, runs_of  # benchmarks/ is on the path when a script here runs
 
 
 def finished(run: Path) -> bool:
-    "Whether a run's last evaluation is a full one after its last logged step (the end of a finished run)"
-    m, e = read_jsonl_rows(run / "metrics.jsonl"), read_jsonl_rows(run / "eval.jsonl")
-    if not (m and e): return False
-    full = max(r.get("problems") or 0 for r in e)
-    return (e[-1].get("problems") or full) == full and e[-1]["step"] == len(m)
+    "Whether `bppo compare` would skip `run` as finished, judged by the run's own config (its steps or budget)"
+    return (run / "config.yaml").exists() and run_status(run, load_config(run / "config.yaml")) == "finished"
 
 
 def cost_ratio(run: Path, base: Path, unit: str = "decode_steps", tolerance: float = 0.01) -> float | None:
@@ -37,11 +35,11 @@ def cost_ratio(run: Path, base: Path, unit: str = "decode_steps", tolerance: flo
 def ablation(runs: dict[str, dict[int, Path]], baseline: str, unit: str = "decode_steps",
              tolerance: float = 0.01) -> dict[str, dict[int, dict]]:
     "variant -> seed -> accuracy, subset accuracy, cost ratio, critic EV and response tokens (finished runs only)"
-    base = runs[baseline]
+    base = {s: run for s, run in runs[baseline].items() if finished(run)}
     out: dict[str, dict[int, dict]] = {}
     for name, seeds in runs.items():
         for s, run in sorted(seeds.items()):
-            if s not in base or not (finished(run) and finished(base[s])): continue
+            if s not in base or not finished(run): continue
             m = run_summary(run)
             out.setdefault(name, {})[s] = dict(
                 acc=100 * m["final_accuracy"], ratio=cost_ratio(run, base[s], unit, tolerance),
@@ -83,13 +81,17 @@ def paired(per: dict[str, dict[int, dict]], name: str, reference: str) -> str:
     return f"{m:+.1f} ± {h:.1f}" if len(seeds) > 1 else f"{m:+.1f}"
 
 
+def _order(per: dict, baseline: str, reference: str) -> list[str]:
+    "The variants of `per`: the baseline, the reference, then the rest by name"
+    return [n for n in [baseline, reference, *sorted(n for n in per if n not in (baseline, reference))] if n in per]
+
+
 def table(per: dict[str, dict[int, dict]], baseline: str, reference: str) -> list[str]:
     "The results page's ablation table, the baseline and the reference first"
     lines = ["| variant | changed | seeds | final accuracy % | on the subset % | decode steps to the baseline's "
              "accuracy | critic EV | response tokens | final accuracy vs the reference, paired (95% CI) |",
              "|---" * 9 + "|"]
-    order = [baseline, reference, *sorted(n for n in per if n not in (baseline, reference))]
-    for n in [n for n in order if n in per]:
+    for n in _order(per, baseline, reference):
         col = lambda k, n=n: [r[k] for _, r in sorted(per[n].items())]
         what = "(the baseline)" if n == baseline else changed(n, reference)
         lines.append(f"| `{n}` | {what} | {len(per[n])} | {_fmt(col('acc'))} | {_fmt(col('sub'))} | "
@@ -101,8 +103,7 @@ def table(per: dict[str, dict[int, dict]], baseline: str, reference: str) -> lis
 def figure(per: dict[str, dict[int, dict]], baseline: str, reference: str):
     "Each seed's final accuracy and cost ratio, one line per variant (a cross: the target never reached)"
     from matplotlib.figure import Figure
-    names = [baseline, reference, *sorted(n for n in per if n not in (baseline, reference))]
-    names = [n for n in names if n in per][::-1]
+    names = _order(per, baseline, reference)[::-1]
     fig = Figure(figsize=(9, 0.45 * len(names) + 1.2))
     ax1, ax2 = fig.subplots(1, 2, sharey=True)
     for y, n in enumerate(names):

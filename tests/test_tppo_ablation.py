@@ -4,15 +4,18 @@ from pathlib import Path
 
 import pytest
 
+from bppo_kit.config import Config, apply_overrides, save_config
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import tppo_ablation as ta  # noqa: E402
 from seed_targets import runs_of  # noqa: E402
 
 
-def fake_run(d: Path, evals: list[tuple], steps: int = 4, ev: float = 0.3):
-    """A run folder: `steps` steps of 10 decode steps each; `evals` are (step, accuracy, subset accuracy or None):
-    subset accuracy None makes a subset-only evaluation (5 problems) whose accuracy is the subset's"""
+def fake_run(d: Path, evals: list[tuple], steps: int = 4, ev: float = 0.3, planned: int = 4):
+    """A run folder of `planned` steps, `steps` of them done, 10 decode steps each; `evals` are (step, accuracy,
+    subset accuracy or None): subset accuracy None makes a subset-only evaluation (5 problems), the subset's accuracy"""
     d.mkdir(parents=True)
+    save_config(apply_overrides(Config(), [f"train.steps={planned}"]), d / "config.yaml")
     m = [dict(step=i, wall_s=1.0, rollout_s=0.5, update_s=0.5, trained_tokens=10, generated_tokens=20,
               decode_steps=10, row_steps=40, explained_variance=ev) for i in range(steps)]
     e = [dict(step=s, accuracy=a, problems=10 if sub is not None else 5, subset_accuracy=sub,
