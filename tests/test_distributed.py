@@ -3,7 +3,7 @@
 Each run is a `bppo train` subprocess (`accelerate launch --config_file configs/accelerate/ddp.yaml`, which on a
 machine without GPUs starts CPU processes), on the shipped tiny policy, with the same global batch and seeds.
 """
-import json, os, signal, subprocess, sys, time
+import json, os, subprocess, sys, time
 from pathlib import Path
 
 import pytest
@@ -11,6 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from bppo_kit.config import data_dir
+from procs import kill_tree, run_or_dump, tree
 
 ROOT = Path(__file__).resolve().parents[1]
 DDP = str(ROOT / "configs" / "accelerate" / "ddp.yaml")
@@ -28,12 +29,13 @@ def train_cmd(out: Path, algo: str, steps: int, procs: int, extra=()) -> list[st
     sets = [x for kv in SMALL + list(extra) for x in ("--set", kv)]
     args = ["train", "--preset", "cpu-demo", "--algo", algo, "--steps", str(steps), "--out", str(out), "--quiet", *sets]
     if procs == 1: return [sys.executable, "-m", "bppo_kit.cli", *args]
+    # port 0: accelerate picks a free one (a run still holding 29500 cannot meet this one)
     return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", DDP, "--num_processes", str(procs),
-            "-m", "bppo_kit.cli", *args]
+            "--main_process_port", "0", "-m", "bppo_kit.cli", *args]
 
 
 def run(cmd: list[str], timeout: int = 600) -> subprocess.CompletedProcess:
-    p = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=timeout)
+    p = run_or_dump(cmd, timeout, env=env(), cwd=ROOT)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     return p
 
@@ -88,7 +90,10 @@ def test_killed_two_process_run_resumes_exactly(tmp_path):
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     t0 = time.time()
     while (trainer_step(tmp_path / "cut") or 0) < 2 and p.poll() is None and time.time() - t0 < 300: time.sleep(0.05)
-    os.killpg(p.pid, signal.SIGKILL); p.wait()
+    # the launcher and its workers (each in a session of its own: a killpg of the launcher's group leaves them running)
+    alive = kill_tree(tree(p.pid))
+    p.wait()
+    assert not alive, alive
     killed_at = trainer_step(tmp_path / "cut")
     assert killed_at is not None and killed_at < n, killed_at  # it was killed mid-run, after a checkpoint
     run(train_cmd(tmp_path / "cut", "grpo", n, 2, every) + ["--resume"])
@@ -96,6 +101,18 @@ def test_killed_two_process_run_resumes_exactly(tmp_path):
     assert max_diff(weights(tmp_path / "whole"), weights(tmp_path / "cut")) < 1e-6
     w, c = rows(tmp_path / "whole"), rows(tmp_path / "cut")
     assert [r["accuracy"] for r in w] == [r["accuracy"] for r in c]
+
+
+@pytest.mark.slow
+def test_a_process_behind_takes_rank_0s_branches(tmp_path):
+    "Rank 1 falls behind after every barrier and gather: it still evaluates, trains and saves when rank 0 does"
+    out = tmp_path / "lag"
+    # rank 0's first evaluation writes its row before rank 1 looks: rank 1 must not see it and skip the evaluation
+    cmd = train_cmd(out, "grpo", 2, 2) + ["--plugin", str(ROOT / "tests" / "plugins" / "lagging_rank.py")]
+    run(cmd, timeout=300)
+    assert [r["step"] for r in rows(out)] == [0, 1]
+    evals = [json.loads(l) for l in (out / "eval.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in evals] == [0, 2]
 
 
 @pytest.mark.slow
@@ -134,8 +151,9 @@ def test_bppo_launch_runs_two_processes(tmp_path):
 @pytest.mark.slow
 def test_fsdp2_code_on_two_cpu_processes(tmp_path):
     "FSDP2 (PyTorch's fully_shard; accelerate runs FSDP on GPUs only): the kit's update, gathers and checkpoints"
-    run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(ROOT / "tests" / "fsdp2_check.py"),
-         str(tmp_path)])
+    # --standalone: a free port (torchrun's default 29500 may be another run's)
+    run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
+         str(ROOT / "tests" / "fsdp2_check.py"), str(tmp_path)])
     r = json.loads((tmp_path / "fsdp2.json").read_text())
     for kernel in ("naive", "chunked"):  # the sharded update is the one-process update
         assert r[kernel]["max_diff"] < 1e-5 and r[kernel]["moved"] > r[kernel]["lr"] / 2, r

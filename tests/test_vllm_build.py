@@ -4,7 +4,7 @@ compute dtype, the configured memory share and context, TRL's sleep/wake discipl
 every wake; the weights pushed again after the update), the weights pushed before the first `generate` of a resumed
 run and of an `RLTrainer` given a loaded model; under two DDP processes, vLLM's external launcher on each process's own
 device. (FSDP2: `tests/fsdp2_check.py` checks that the engine is synced from the gathered weights.)"""
-import copy, dataclasses, importlib.util, json, os, subprocess, sys
+import copy, dataclasses, importlib.util, json, os, sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +16,7 @@ from bppo_kit.config import get_config
 from bppo_kit.policy import chat_tokenizer, merged_state_dict, tiny_config
 from bppo_kit.rollout import VLLMCompat, VLLMEngine
 from bppo_kit.trainer import train
+from procs import run_or_dump
 
 ROOT = Path(__file__).resolve().parents[1]
 FAKE = ROOT / "tests" / "fake_vllm"
@@ -145,10 +146,10 @@ def test_ddp_one_engine_per_process_on_its_own_device(ckpt, tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "FAKE_VLLM_LOG": str(log),
            "PYTHONPATH": os.pathsep.join([str(FAKE), str(ROOT), os.environ.get("PYTHONPATH", "")])}
     ddp = str(ROOT / "configs" / "accelerate" / "ddp.yaml")
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", ddp,
-           "--num_processes", "2", "-m", "bppo_kit.cli", "train", "--preset", "cpu-demo", "--steps", "1",
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", ddp, "--num_processes", "2",
+           "--main_process_port", "0", "-m", "bppo_kit.cli", "train", "--preset", "cpu-demo", "--steps", "1",
            "--out", str(tmp_path / "run"), "--quiet", "--plugin", str(FAKE / "gpu_on_cpu.py"), *sets]
-    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
+    p = run_or_dump(cmd, 600, env=env, cwd=ROOT)  # 12 s on 2 cores; past 600 s, where each process waits
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     built = {}
     for rank in (0, 1):
