@@ -29,10 +29,8 @@ def run_or_dump(cmd: list[str], timeout: float, env: dict | None = None, **kw) -
         try: out, err = p.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             procs = tree(p.pid)
-            # the workers at once (the launcher, alive, passes their stacks on), then the launcher
-            for q in procs[1:] + procs[:1]:
-                with contextlib.suppress(psutil.NoSuchProcess): q.send_signal(signal.SIGABRT)
-                if q is procs[-1]: time.sleep(3)
+            # the workers first: their launcher, still alive, passes their stacks on
+            kill_tree(procs[1:], signal.SIGABRT)
             time.sleep(3)
             kill_tree(procs)
             out, err = p.communicate()
