@@ -286,11 +286,13 @@ def open_run_on(dist: Dist, cfg: Config, resume: bool, overwrite: bool) -> RunDi
 def rows_after(dist: Dist, run: RunDir, start: int) -> list[dict]:
     ("Drop the metric and eval rows after the checkpoint (rank 0), then rank 0's view of the evaluations, "
      "on every process")
+    rows = None
+    if dist.main:
+        truncate_metrics(run.metrics, start)
+        truncate_metrics(run.evals, start + 1 if start else 0)
+        rows = read_jsonl_rows(run.evals)
     # sent, not read: a process behind would read the row of the evaluation rank 0 has begun, skip it, and hang
-    if not dist.main: return dist.gather(None)[0]
-    truncate_metrics(run.metrics, start)
-    truncate_metrics(run.evals, start + 1 if start else 0)
-    return dist.gather(read_jsonl_rows(run.evals))[0]
+    return dist.gather(rows)[0]
 
 # %% ../nbs/24_trainer.ipynb #f3846691
 def run_cost(rows: list[dict], # metric rows, in step order

@@ -1,8 +1,18 @@
 """Subprocesses for the multi-process tests: a run that leaves no process behind, and on a timeout says where every
 process was (each Python process prints its stack, `faulthandler` on SIGABRT) before the whole tree is killed."""
-import contextlib, os, signal, subprocess, time
+import contextlib, os, signal, subprocess, sys, time
+from pathlib import Path
 
 import psutil
+
+DDP = str(Path(__file__).resolve().parents[1] / "configs" / "accelerate" / "ddp.yaml")
+
+
+def accelerate_launch(procs: int) -> list[str]:
+    "`accelerate launch` of `procs` DDP processes, before `-m MODULE ...`"
+    # port 0: accelerate picks a free one (a run still holding 29500 cannot meet this one)
+    return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", DDP, "--num_processes", str(procs),
+            "--main_process_port", "0"]
 
 
 def tree(pid: int) -> list[psutil.Process]:

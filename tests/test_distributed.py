@@ -11,10 +11,9 @@ import torch
 from safetensors.torch import load_file
 
 from bppo_kit.config import data_dir
-from procs import kill_tree, run_or_dump, tree
+from procs import DDP, accelerate_launch, kill_tree, run_or_dump, tree
 
 ROOT = Path(__file__).resolve().parents[1]
-DDP = str(ROOT / "configs" / "accelerate" / "ddp.yaml")
 pytestmark = pytest.mark.skipif(not (data_dir() / "tiny_policy" / "config.json").exists(),
                                 reason="needs the shipped policy in data/tiny_policy")
 SMALL = ["train.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=48", "data.eval_size=4",
@@ -29,9 +28,7 @@ def train_cmd(out: Path, algo: str, steps: int, procs: int, extra=()) -> list[st
     sets = [x for kv in SMALL + list(extra) for x in ("--set", kv)]
     args = ["train", "--preset", "cpu-demo", "--algo", algo, "--steps", str(steps), "--out", str(out), "--quiet", *sets]
     if procs == 1: return [sys.executable, "-m", "bppo_kit.cli", *args]
-    # port 0: accelerate picks a free one (a run still holding 29500 cannot meet this one)
-    return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", DDP, "--num_processes", str(procs),
-            "--main_process_port", "0", "-m", "bppo_kit.cli", *args]
+    return accelerate_launch(procs) + ["-m", "bppo_kit.cli", *args]
 
 
 def run(cmd: list[str], timeout: int = 600) -> subprocess.CompletedProcess:

@@ -16,7 +16,7 @@ from bppo_kit.config import get_config
 from bppo_kit.policy import chat_tokenizer, merged_state_dict, tiny_config
 from bppo_kit.rollout import VLLMCompat, VLLMEngine
 from bppo_kit.trainer import train
-from procs import run_or_dump
+from procs import accelerate_launch, run_or_dump
 
 ROOT = Path(__file__).resolve().parents[1]
 FAKE = ROOT / "tests" / "fake_vllm"
@@ -145,10 +145,9 @@ def test_ddp_one_engine_per_process_on_its_own_device(ckpt, tmp_path):
     log = tmp_path / "vllm"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "FAKE_VLLM_LOG": str(log),
            "PYTHONPATH": os.pathsep.join([str(FAKE), str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    ddp = str(ROOT / "configs" / "accelerate" / "ddp.yaml")
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", ddp, "--num_processes", "2",
-           "--main_process_port", "0", "-m", "bppo_kit.cli", "train", "--preset", "cpu-demo", "--steps", "1",
-           "--out", str(tmp_path / "run"), "--quiet", "--plugin", str(FAKE / "gpu_on_cpu.py"), *sets]
+    cmd = accelerate_launch(2) + ["-m", "bppo_kit.cli", "train", "--preset", "cpu-demo", "--steps", "1",
+                                  "--out", str(tmp_path / "run"), "--quiet", "--plugin", str(FAKE / "gpu_on_cpu.py"),
+                                  *sets]
     p = run_or_dump(cmd, 600, env=env, cwd=ROOT)  # 12 s on 2 cores; past 600 s, where each process waits
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     built = {}
