@@ -5,7 +5,7 @@ TORCH  ?= torch==2.13.0
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-fast lint check-clean export check-export lessons pytest pytest-fast docs sft sft-tail eval clean
+.PHONY: install demo test test-fast test-explore lint check-clean export check-export lessons pytest pytest-fast docs sft sft-tail eval clean
 
 install: $(STAMP)  ## create .venv, install the pinned CPU torch first, then the kit with its dev extras
 
@@ -36,11 +36,24 @@ check-export: install  ## the committed bppo_kit/ must equal a fresh nbdev-expor
 lessons: install  ## run every lesson notebook as a test (gpu and slow cells skipped)
 	$(BIN)/nbdev-test --n-workers 1 --timing
 
-pytest: install
-	$(BIN)/python -m pytest -q tests
+# Tests not marked `serial` run in 2 pytest-xdist workers; then the serial ones alone (several processes, a browser,
+# GBs, a time bound); then the 15 slowest of both, so that growth is seen. Property tests draw the same cases every run
+# (the Hypothesis profile "ci" in tests/conftest.py).
+TIMES := runs/test-times
+pytest: install  ## every test: the parallel ones in 2 workers, the serial ones alone, then the 15 slowest
+	@rm -rf $(TIMES) && mkdir -p $(TIMES)
+	@status=0; \
+	$(BIN)/python -m pytest -q tests -n 2 -m "not serial" --junitxml=$(TIMES)/parallel.xml || status=1; \
+	$(BIN)/python -m pytest -q tests -m serial --junitxml=$(TIMES)/serial.xml || status=1; \
+	$(BIN)/python tools/slowest.py $(TIMES)/*.xml; exit $$status
 
 pytest-fast: install  ## the pytest suite without the tests marked slow (minutes each)
-	$(BIN)/python -m pytest -q tests -m "not slow"
+	@status=0; \
+	$(BIN)/python -m pytest -q tests -n 2 -m "not slow and not serial" || status=1; \
+	$(BIN)/python -m pytest -q tests -m "serial and not slow" || status=1; exit $$status
+
+test-explore: install  ## every property and fuzz test with 20x the examples and fresh draws (not part of make test)
+	$(BIN)/python -m pytest -q tests -n 2 -m "hypothesis or fuzz" --hypothesis-profile=explore -p no:cacheprovider
 
 export: install
 	$(BIN)/nbdev-export && $(BIN)/nbdev-clean

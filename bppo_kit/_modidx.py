@@ -324,6 +324,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                   'bppo_kit.kernels._lse_partial_kernel': ('kernels.html#_lse_partial_kernel', 'bppo_kit/kernels.py'),
                                   'bppo_kit.kernels._pow2': ('kernels.html#_pow2', 'bppo_kit/kernels.py'),
                                   'bppo_kit.kernels._prefix_policy_loss': ('kernels.html#_prefix_policy_loss', 'bppo_kit/kernels.py'),
+                                  'bppo_kit.kernels._rel': ('kernels.html#_rel', 'bppo_kit/kernels.py'),
+                                  'bppo_kit.kernels._term_scales': ('kernels.html#_term_scales', 'bppo_kit/kernels.py'),
                                   'bppo_kit.kernels._tf32_for': ('kernels.html#_tf32_for', 'bppo_kit/kernels.py'),
                                   'bppo_kit.kernels._token_kernel': ('kernels.html#_token_kernel', 'bppo_kit/kernels.py'),
                                   'bppo_kit.kernels.interpreting': ('kernels.html#interpreting', 'bppo_kit/kernels.py'),

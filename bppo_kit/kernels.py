@@ -452,11 +452,29 @@ def _prefix_policy_loss(hidden, weight, targets, old_logp, advantages, mask, eps
     if use_ref: stats["kl"] = full(k3_kl(logp.detach(), ref_logp[idx].to(logp.dtype)))
     return loss, stats
 
+# %% ../nbs/19_kernels.ipynb #efec456c
+def _rel(got: torch.Tensor, want: torch.Tensor, floor: float) -> float:
+    "Largest error of `got` against `want`, over the larger of `want`'s largest entry and `floor`"
+    err = (got.detach().double().cpu() - want).abs().max().item()
+    return err / max(want.abs().max().item(), floor, 1e-12)
+
+
+# %% ../nbs/19_kernels.ipynb #3ad7da7c
+def _term_scales(logp, old_logp, adv, ref_logp, mask, beta: float) -> tuple[float, float]: # [N] each but beta
+    ("(the loss's, a token's largest dloss/dlogp) sizes: each token's terms in absolute value, so terms that "
+     "cancel do not shrink them")
+    ratio, d = torch.exp(logp - old_logp), ref_logp - logp
+    loss_terms = ratio * adv.abs() + beta * (torch.exp(d) + d.abs() + 1)
+    grad_terms = ratio * adv.abs() + beta * (torch.exp(d) + 1)
+    n = max(int(mask.sum()), 1)
+    return loss_terms[mask].sum().item() / n, (grad_terms[mask].max().item() / n if mask.any() else 0.0)
+
+
 # %% ../nbs/19_kernels.ipynb #00486b29
 def reference_errors(impl: str = "chunked", N: int = 37, H: int = 24, V: int = 101, # path and sizes
                      masked: float = 0.5, # fraction of masked tokens (1.0: all masked)
                      seed: int = 0, dtype: torch.dtype = torch.float32, device: str = "cpu",
-                     beta: float = 0.0, **kw) -> dict:
+                     beta: float = 0.0, adv_scale: float = 1.0, **kw) -> dict: # advantages ~ N(0, adv_scale²)
     ("Relative errors of `prefix_policy_loss(impl=impl)` against `naive_prefix_loss` in float64 on "
      "random inputs")
     g = torch.Generator().manual_seed(seed)
@@ -465,25 +483,24 @@ def reference_errors(impl: str = "chunked", N: int = 37, H: int = 24, V: int = 1
     t = torch.randint(V, (N,), generator=g)
     mask = torch.rand(N, generator=g) >= masked
     with torch.no_grad(): lp = naive_logp(h.double(), w.double(), t)
-    old, adv = lp + 0.3 * torch.randn(N, generator=g), torch.randn(N, generator=g)
+    old, adv = lp + 0.3 * torch.randn(N, generator=g), adv_scale * torch.randn(N, generator=g)
     ref = lp + 0.3 * torch.randn(N, generator=g)
     h64, w64 = h.double().requires_grad_(), w.double().requires_grad_()
     want = naive_prefix_loss(h64, w64, t, old, adv, mask, ref_logp=ref, beta=beta)
     want.backward()
-    # the loss's scale: the same terms with |advantage|, so tokens whose terms cancel do not shrink the denominator
-    with torch.no_grad(): scale = naive_prefix_loss(h.double(), w.double(), t, old, adv.abs(), mask, ref_logp=ref,
-                                                    beta=beta).abs()
+    # a gradient is a token's dloss/dlogp times the inputs it multiplies (onehot - softmax of `w`, or `h`)
+    loss_size, grad_size = _term_scales(lp, old, adv, ref, mask, beta)
     dev = lambda x: x.to(device)
     hx, wx = dev(h).requires_grad_(), dev(w).requires_grad_()
     got, st = prefix_policy_loss(hx, wx, dev(t), dev(old).float(), dev(adv).float(), dev(mask),
                                  ref_logp=dev(ref).float(), beta=beta, impl=impl, return_stats=True, **kw)
     got.backward()
-    rel = lambda a, b: ((a.detach().double().cpu() - b).abs().max() / b.abs().max().clamp(min=1e-12)).item()
-    err = (got.detach().double().cpu() - want.detach()).abs().item()
-    return dict(loss=err / max(scale.item(), abs(want.item()), 1e-12),
-                hidden=rel(hx.grad, h64.grad), weight=rel(wx.grad, w64.grad),
+    return dict(loss=_rel(got, want.detach(), loss_size),
+                hidden=_rel(hx.grad, h64.grad, grad_size * w.abs().max().item()),
+                weight=_rel(wx.grad, w64.grad, grad_size * h.abs().max().item()),
                 masked_grad=hx.grad[~dev(mask)].abs().max().item() if (~mask).any() else 0.0,
                 clip_frac=st["clip_frac"], impl=pick_impl(hx, impl))
+
 
 # %% ../nbs/19_kernels.ipynb #e03035bd
 def run_interpreted(code: str, timeout: float = 300) -> dict:

@@ -1,8 +1,50 @@
-import os, sys, pytest, torch
+import os, random, sys, pytest, torch
 from pathlib import Path
+from hypothesis import settings
 
 ROOT = Path(__file__).resolve().parent.parent
-torch.set_num_threads(min(2, os.cpu_count() or 1))
+# `make test` runs the tests not marked `serial` in 2 pytest-xdist workers: each worker (and every process it starts,
+# through OMP_NUM_THREADS) gets its share of the cores, so two workers never fight over both
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1: os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // _WORKERS))
+torch.set_num_threads(max(1, min(2, (os.cpu_count() or 1) // _WORKERS)))
+
+# Modules whose tests run alone, after the parallel ones (marked `serial`): several processes on the cores
+# (distributed, vLLM's DDP build), a browser with a JupyterLab server, vLLM itself, and 0.5B-shaped models (GBs).
+SERIAL_MODULES = {"test_distributed", "test_vllm_build", "test_browser", "test_vllm", "test_real_shapes"}
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if getattr(item.module, "__name__", None) in SERIAL_MODULES: item.add_marker(pytest.mark.serial)
+
+# Property tests. `make test` and CI: the same draws on every run and no example database, so a commit's result never
+# depends on the draw or on a `.hypothesis` folder. `--hypothesis-seed N`: the same tests under seed N's draws.
+# `make test-explore`: 20x the examples, fresh draws every run (what it finds becomes an @example with its fix).
+settings.register_profile("ci", derandomize=True, database=None, deadline=None, print_blob=True)
+settings.register_profile("seeded", derandomize=False, database=None, deadline=None, print_blob=True)
+settings.register_profile("explore", max_examples=2000, derandomize=False, database=None, deadline=None,
+                          print_blob=True)
+settings.load_profile("ci")
+
+def pytest_configure(config):
+    # a seed under the derandomized profile would be ignored (derandomize wins), so a seed switches to "seeded"
+    if config.getoption("--hypothesis-seed") is not None and not config.getoption("--hypothesis-profile"):
+        settings.load_profile("seeded")
+
+def examples(n: int) -> int:
+    "A property test's number of examples: `n` under the ci profile (100 examples), 20x under explore's 2000"
+    return max(1, n * settings.default.max_examples // 100)
+
+def exploring() -> bool:
+    "Under `make test-explore`: the seeded fuzz loops (marked `fuzz`) draw fresh seeds and more cases"
+    return settings.get_current_profile_name() == "explore"
+
+def fuzz_seed(seed: int = 0) -> int:
+    "A seeded fuzz loop's seed: `seed` under make test, a fresh one under explore (printed, so a failure shows it)"
+    if not exploring(): return seed
+    fresh = random.randrange(2**31)
+    print(f"fuzz seed {fresh} (was {seed})")
+    return fresh
 
 def bppo_cmd():
     "The installed `bppo` entry point beside this interpreter"

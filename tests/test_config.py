@@ -3,6 +3,7 @@ import math
 from dataclasses import fields
 import pytest, yaml
 from hypothesis import given, strategies as st, settings
+from conftest import examples
 from bppo_kit.config import (PRESETS, Config, ConfigError, apply_overrides, get_config, load_config, save_config,
                              set_value)
 
@@ -36,7 +37,7 @@ def test_unknown_section_and_key(tmp_path):
     (tmp_path / "e.yaml").write_text("rollout: [\n")
     with pytest.raises(ConfigError, match="not valid YAML"): load_config(tmp_path / "e.yaml")
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200))
 @given(st.floats(allow_nan=True, allow_infinity=True))
 def test_temperature_accepts_exactly_positive_finite(t):
     c = Config()

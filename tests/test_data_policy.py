@@ -1,7 +1,7 @@
 "The shipped files and the loaders: eval set = its seed, data/ small, the shipped policy loads and scores consistently."
 import json, random
 import pytest, torch
-from conftest import ROOT
+from conftest import ROOT, examples, fuzz_seed
 from bppo_kit.config import SFTConfig, Config, shared_data_dir
 from bppo_kit.data import (DataError, load_synthetic_eval, load_task, make_problem, make_synthetic_eval, make_trace,
                            read_jsonl, style_of, synthetic_stream)
@@ -21,9 +21,10 @@ def test_stream_never_yields_eval_problems():
     s = synthetic_stream(0)
     assert not any(next(s).expr in held for _ in range(20000))
 
+@pytest.mark.fuzz
 def test_traces_grade_as_intended():
-    rng = random.Random(0)
-    for _ in range(500):
+    rng = random.Random(fuzz_seed(0))
+    for _ in range(examples(500)):
         p = make_problem(rng)
         assert score(make_trace(p, rng, "concise", wrong_p=0), str(p.answer), "synthetic").correct
         assert score(make_trace(p, rng, "verbose", wrong_p=1, catch_p=1), str(p.answer), "synthetic").correct

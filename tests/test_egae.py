@@ -2,6 +2,7 @@
 import math
 import pytest, torch
 from hypothesis import given, settings, strategies as st
+from conftest import examples
 from bppo_kit.egae import (adaptive_lambda, dual_clip_surrogate, egae, explained_variance, mc_returns, terminal_rewards,
                            tppo_token_mask, value_loss, whiten_clamp)
 from bppo_kit.core import clipped_surrogate
@@ -32,7 +33,7 @@ def batch(draw_seed, B, T):
     fin = torch.rand(B, generator=g) < 0.5
     return g, lengths, mask, r, v, fin
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60))
 @given(seed=st.integers(0, 2**31 - 1), B=st.integers(1, 6), T=st.integers(1, 9),
        gamma=st.sampled_from([1.0, 0.99, 0.9, 0.5]), lam=st.sampled_from([0.0, 0.5, 0.95, 1.0, "per-seq"]))
 def test_egae_matches_loop(seed, B, T, gamma, lam):
@@ -45,7 +46,7 @@ def test_egae_matches_loop(seed, B, T, gamma, lam):
     torch.testing.assert_close(R, Rr, atol=1e-6, rtol=0)
     assert (A[~mask] == 0).all() and (R[~mask] == 0).all()
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40))
 @given(seed=st.integers(0, 2**31 - 1), B=st.integers(1, 6), T=st.integers(1, 9),
        gamma=st.sampled_from([1.0, 0.97, 0.6]))
 def test_all_finished_lam1_is_monte_carlo(seed, B, T, gamma):
@@ -102,7 +103,7 @@ def test_egae_rejects_bad_inputs():
     A, R = egae(torch.zeros(2, 0), torch.zeros(2, 0), torch.ones(2, 0).bool(), torch.ones(2).bool())  # empty window
     assert A.shape == R.shape == (2, 0)
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=examples(30))
 @given(seed=st.integers(0, 2**31 - 1), B=st.integers(1, 6), T=st.integers(1, 9))
 def test_terminal_rewards_loop(seed, B, T):
     g, lengths, mask, *_ , fin = batch(seed, B, T)
@@ -113,7 +114,7 @@ def test_terminal_rewards_loop(seed, B, T):
             want = float(s[b]) if (fin[b] and t == int(lengths[b]) - 1) else 0.0
             assert float(out[b, t]) == want
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=examples(30))
 @given(seed=st.integers(0, 2**31 - 1), B=st.integers(1, 6), T=st.integers(1, 12), k=st.integers(0, 13))
 def test_token_mask_loop(seed, B, T, k):
     g, lengths, mask, *_ , fin = batch(seed, B, T)
@@ -153,7 +154,7 @@ def test_value_loss_zero_at_target_within_range():
     R = torch.randn(3, 4, dtype=F64)
     assert value_loss(R, R + 0.3, R, torch.ones(3, 4).bool()).item() == 0.0
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40))
 @given(seed=st.integers(0, 2**31 - 1))
 def test_dual_clip_reference(seed):
     g = torch.Generator().manual_seed(seed)

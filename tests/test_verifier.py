@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from hypothesis import given, settings, strategies as st
+from conftest import examples
 
 from bppo_kit import verifier as V
 from bppo_kit.config import shared_data_dir
@@ -180,10 +181,14 @@ HOSTILE = {
     "branch-boxes": "\\boxed{1} otherwise " * 60_000 + "\\boxed{7}",
 }
 
+# a test that asserts a time bound runs alone (marker `serial`), never beside another pytest-xdist worker
+timed = pytest.mark.serial
+
 @pytest.fixture
 def marker(tmp_path):
     return tmp_path / "pwned"
 
+@timed
 @pytest.mark.parametrize("name", list(HOSTILE))
 def test_hostile_completion_is_bounded_and_inert(name, marker):
     text = HOSTILE[name].replace("{marker}", str(marker))
@@ -196,6 +201,7 @@ def test_hostile_completion_is_bounded_and_inert(name, marker):
     assert not marker.exists()
     assert not score(text, "12345").correct  # ((((7)))) may equal 7; nothing here equals 12345
 
+@timed
 @pytest.mark.parametrize("name", ["import", "tower4", "parens-10k", "digits-2MB", "empty", "control"])
 def test_hostile_gold_is_bounded(name, marker):
     gold = HOSTILE[name].replace("{marker}", str(marker))
@@ -208,6 +214,7 @@ LONG = ["1" * 999, "1_" * 499, "(" * 999, "\\frac{" * 160, "a " * 499, "x=" * 49
         "1 percent " * 99, "3:30 p.m. " * 99, "\\text{ p.m.}" * 70, "f(x) = " * 140, "\\frac{1,000}{" * 70,
         "n is even " * 99, "(" + "1 " * 498 + ")"]
 
+@timed
 @pytest.mark.parametrize("s", LONG, ids=range(len(LONG)))
 def test_answer_level_regexes_are_linear(s):
     "Answers up to `MAX_ANSWER` characters (and golds of any length) are normalized and compared in bounded time"
@@ -230,6 +237,7 @@ def test_process_is_healthy_after_hostile_inputs():
     assert score("$\\boxed{\\frac{1}{\\sqrt{2}}}$", "\\frac{\\sqrt2}{2}").correct  # the pool still answers
     assert score("#### 18", "18", "synthetic").correct
 
+@timed
 def test_native_hang_is_killed_and_the_worker_replaced():
     "A job that blocks SIGALRM and sleeps stands for a parser stuck in C code: only the hard limit can end it"
     def hang(preds, golds):
@@ -256,6 +264,7 @@ t = time.perf_counter(); r = V.get_pool().run([("hang", ("",), ("",))], timeout=
 print(r[0], time.perf_counter() - t)
 """
 
+@timed
 def test_first_check_in_a_fresh_process_is_bounded():
     "The first symbolic check of a process also imports math-verify and forks a worker: that counts against its time"
     import subprocess
@@ -342,7 +351,7 @@ LATEXISH = st.lists(st.sampled_from(["\\boxed{", "}", "{", "^", "10", "7", "\\fr
                                      "_"]),
                     max_size=40).map("".join)
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300))
 @given(st.one_of(st.text(max_size=300), LATEXISH), st.one_of(st.text(max_size=30), LATEXISH),
        st.sampled_from(["auto", "synthetic", "gsm8k", "math"]))
 def test_score_never_raises(completion, gold, task):
@@ -350,14 +359,14 @@ def test_score_never_raises(completion, gold, task):
     assert isinstance(s.correct, bool) and isinstance(s.reward, float) and isinstance(s.format_ok, bool)
     assert s.extracted is None or (isinstance(s.extracted, str) and len(s.extracted) <= V.MAX_ANSWER)
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200))
 @given(st.integers(-10**6, 10**6))
 def test_integers_round_trip(n):
     assert score(f" some work. #### {n}", str(n), "synthetic").correct
     assert score(f"#### {n:,}", str(n), "gsm8k").correct
     assert not score(f"#### {n + 1}", str(n), "synthetic").correct
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100))
 @given(st.fractions(min_value=-1000, max_value=1000, max_denominator=50))
 def test_fractions_in_any_notation(q):
     frac = f"\\frac{{{q.numerator}}}{{{q.denominator}}}" if q.denominator != 1 else str(q.numerator)
