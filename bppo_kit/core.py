@@ -255,15 +255,19 @@ BUILTIN_ALGORITHMS = ("bppo_kit.grpo", "bppo_kit.bppo", "bppo_kit.tppo", "bppo_k
 
 def algorithm_names() -> list[str]:
     "Every registered algorithm's name: the built-ins first, in the order of their modules; then the others"
-    for module in BUILTIN_ALGORITHMS: importlib.import_module(module)
-    order = {m: i for i, m in enumerate(BUILTIN_ALGORITHMS)}
-    return sorted(ALGORITHMS, key=lambda name: order.get(ALGORITHMS[name].__module__, len(order)))
+    homes = [importlib.import_module(m) for m in BUILTIN_ALGORITHMS]
+    def place(name: str) -> int:
+        # a lesson's copy of a built-in class (module `__main__`, registered after it) keeps the built-in's place
+        cls = ALGORITHMS[name]
+        twins = [getattr(m, cls.__qualname__, None) for m in homes]
+        return next((i for i, t in enumerate(twins) if isinstance(t, type) and _same_class(t, cls)), len(homes))
+    return sorted(ALGORITHMS, key=place)
 
 def algorithm_class(name: str) -> type:
     "The registered class of algorithm `name`; a `ConfigError` naming `algo.name` if there is none"
     if name not in ALGORITHMS: algorithm_names()
     if name not in ALGORITHMS:
-        raise ConfigError(f"algo.name: must be one of {', '.join(ALGORITHMS) or '(none registered)'}; got "
+        raise ConfigError(f"algo.name: must be one of {', '.join(algorithm_names()) or '(none registered)'}; got "
                           f"{name!r}")
     return ALGORITHMS[name]
 
@@ -272,6 +276,7 @@ def make_algorithm(cfg: Config, policy=None) -> Algorithm:
     cls = algorithm_class(cfg.algo.name)
     cls.check(cfg)
     return cls(cfg, policy)
+
 
 # %% ../nbs/02_core.ipynb #07b24301
 def algo_settings(cfg: Config, name: str | None = None): # None: the run's algorithm, `cfg.algo.name`

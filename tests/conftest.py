@@ -10,12 +10,14 @@ if _WORKERS > 1: os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1
 torch.set_num_threads(max(1, min(2, (os.cpu_count() or 1) // _WORKERS)))
 
 # Modules whose tests run alone, after the parallel ones (marked `serial`): several processes on the cores
-# (distributed, vLLM's DDP build), a browser with a JupyterLab server, vLLM itself, and 0.5B-shaped models (GBs).
-SERIAL_MODULES = {"test_distributed", "test_vllm_build", "test_browser", "test_vllm", "test_real_shapes"}
+# (distributed, vLLM's DDP build), a browser with a JupyterLab server, and vLLM itself
+SERIAL_MODULES = {"test_distributed", "test_vllm_build", "test_browser", "test_vllm"}
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if getattr(item.module, "__name__", None) in SERIAL_MODULES: item.add_marker(pytest.mark.serial)
+    # the tests marked slow first, so that two workers start on them and none is left to run alone at the end
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 # Property tests. `make test` and CI: the same draws on every run and no example database, so a commit's result never
 # depends on the draw or on a `.hypothesis` folder. `--hypothesis-seed N`: the same tests under seed N's draws.

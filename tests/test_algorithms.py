@@ -78,3 +78,20 @@ def test_plugin_settings_come_from_set(tmp_path):
                          capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert bad.returncode == 2, bad.stderr
     assert "algo.reinforce.baselin: reinforce has no setting 'baselin'" in bad.stderr, bad.stderr
+
+
+def test_a_lessons_copy_of_a_builtin_keeps_its_place(monkeypatch):
+    "Running the GRPO lesson re-registers its own GRPO (module __main__): the names keep their order (and messages)"
+    from bppo_kit.core import algorithm_class, algorithm_names
+    from bppo_kit.config import ConfigError
+    names = algorithm_names()
+    assert names[:2] == ["grpo", "bppo"]
+    grpo = ALGORITHMS["grpo"]
+    copy = type("GRPO", (grpo,), dict(__module__="__main__", __qualname__=grpo.__qualname__))
+    monkeypatch.setitem(ALGORITHMS, "grpo", copy)
+    assert algorithm_names() == names
+    with pytest.raises(ConfigError, match="must be one of " + ", ".join(names) + "; got 'nope'"):
+        algorithm_class("nope")
+    other = type("Mine", (grpo,), dict(__module__="__main__"))
+    monkeypatch.setitem(ALGORITHMS, "mine", other)  # a user's own comes after every built-in
+    assert algorithm_names() == names + ["mine"]

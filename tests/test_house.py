@@ -55,3 +55,19 @@ def test_lesson_importing_a_later_lesson_breaks_the_house_rules(tmp_path):
     (pkg / "config.py").write_text((pkg / "config.py").read_text() + "\nfrom .data import load_task\n")
     r = tool("check_house.py", pkg)
     assert r.returncode == 1 and "00_config.ipynb (config) imports data, taught later in 01_data.ipynb" in r.stdout
+
+
+def test_slowest_reads_both_phases_and_sorts(tmp_path, capsys):
+    "tools/slowest.py: the slowest test cases of several JUnit files, slowest first, setup and call together"
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("slowest", ROOT / "tools" / "slowest.py")
+    slowest = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(slowest)
+    case = '<testcase classname="tests.test_{0}" name="test_{0}" time="{1}" />'
+    for name, cases in (("a.xml", [("x", 1.5), ("y", 30.0)]), ("b.xml", [("z", 7.25)])):
+        body = "".join(case.format(n, t) for n, t in cases)
+        (tmp_path / name).write_text(f'<testsuites><testsuite name="pytest">{body}</testsuite></testsuites>')
+    assert slowest.main([str(tmp_path / "a.xml"), str(tmp_path / "b.xml"), "--top", "2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "slowest 2 of 3 tests (39 s in all):"
+    assert "30.0 s  tests.test_y::test_y" in lines[1] and "7.2 s  tests.test_z::test_z" in lines[2] and len(lines) == 3

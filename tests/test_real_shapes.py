@@ -2,8 +2,8 @@
 `bppo_kit.trainer.train`: 2 steps of GRPO and 2 of BPPO in bfloat16 with the chunked loss and gradient checkpointing.
 
 Random weights never answer right, so the rewards are coin flips (`examples/plugins/coin_rewards.py`); everything
-else is the kit's loop. Slow (minutes) and about 8 GB of memory at its peak: run it alone,
-`OMP_NUM_THREADS=1 python -m pytest -m slow tests/test_real_shapes.py -s`.
+else is the kit's loop. Slow (a minute or two) and about 12 GB of memory at its peak (in `make test` beside one other
+test worker); alone: `python -m pytest -m slow tests/test_real_shapes.py -s`.
 """
 import gc, math, resource, time
 import pytest, torch
