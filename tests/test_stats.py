@@ -1,0 +1,91 @@
+"""The comparison statistics (bppo_kit.stats) against SciPy and statsmodels on hand-made values, and the verdicts a
+design of 3 and of 30 seeds reaches on the same synthetic effect."""
+import math, statistics
+import numpy as np
+import pytest
+from scipy import stats as sps
+from bppo_kit.stats import contrast_table, eval_noise, holm, mde, paired, power, summarize, t_interval, tost, verdict
+
+sm_multi = pytest.importorskip("statsmodels.stats.multitest")
+sm_weight = pytest.importorskip("statsmodels.stats.weightstats")
+sm_power = pytest.importorskip("statsmodels.stats.power")
+
+A = [71.2, 68.4, 73.9, 70.0, 66.5]
+B = [72.0, 70.1, 73.5, 72.4, 67.0]
+
+
+def test_summary_is_the_sample_sd_and_the_t_interval():
+    s = summarize(A, seeds=[100, 101, 102, 103, 104])
+    assert s["seeds"] == [100, 101, 102, 103, 104] and s["values"] == A and s["n"] == 5
+    assert s["mean"] == pytest.approx(statistics.fmean(A), abs=1e-12)
+    assert s["sd"] == pytest.approx(statistics.stdev(A), abs=1e-12) != pytest.approx(statistics.pstdev(A))
+    lo, hi = sps.t.interval(0.95, 4, loc=s["mean"], scale=s["sd"] / math.sqrt(5))
+    assert s["ci95"] == pytest.approx([lo, hi], abs=1e-9)
+    want = sps.t.interval(0.9, 2, scale=1 / 3 ** .5)
+    assert t_interval(0.0, 1.0, 3, level=0.9) == pytest.approx(list(want), abs=1e-9)
+
+
+def test_paired_test_is_scipys():
+    c = paired(dict(enumerate(A)), dict(enumerate(B)))
+    r = sps.ttest_rel(B, A)
+    assert c["p"] == pytest.approx(r.pvalue, abs=1e-9) and c["n"] == 5
+    ci = r.confidence_interval(0.95)
+    assert c["ci95"] == pytest.approx([ci.low, ci.high], abs=1e-9)
+    assert c["diff"] == pytest.approx(statistics.fmean(b - a for a, b in zip(A, B)), abs=1e-12)
+
+
+@pytest.mark.parametrize("ps", [[0.01, 0.04, 0.03, 0.5], [0.2, 0.2, 0.001], [0.049], [0.3, 0.01, 0.02, 0.04, 0.9]])
+def test_holm_is_statsmodels(ps):
+    want = sm_multi.multipletests(ps, alpha=0.05, method="holm")[1]
+    assert holm(ps) == pytest.approx(list(want), abs=1e-9)
+
+
+@pytest.mark.parametrize("margin", [0.5, 2.0, 5.0])
+def test_tost_is_statsmodels(margin):
+    p, _, _ = sm_weight.ttost_paired(np.array(B), np.array(A), -margin, margin)
+    d = [b - a for a, b in zip(A, B)]
+    assert tost(d, margin) == pytest.approx(p, abs=1e-9)
+
+
+@pytest.mark.parametrize("n,sd", [(3, 2.3), (5, 1.0), (15, 4.0), (30, 0.7)])
+def test_mde_has_statsmodels_power_of_80_percent(n, sd):
+    x = mde(sd, n)
+    got = sm_power.TTestPower().power(effect_size=x / sd, nobs=n, alpha=0.05, alternative="two-sided")
+    assert got == pytest.approx(0.8, abs=1e-9)
+    assert power(x, sd, n) == pytest.approx(0.8, abs=1e-9)
+    effect = sm_power.TTestPower().solve_power(nobs=n, alpha=0.05, power=0.8, alternative="two-sided")
+    assert x / sd == pytest.approx(effect, rel=1e-6)  # statsmodels' own root, to its solver's tolerance
+
+
+def test_eval_noise_is_the_binomial_sd():
+    assert eval_noise(0.65, 60) == pytest.approx(math.sqrt(0.65 * 0.35 / 60), abs=1e-12)
+
+
+def _arms(n: int, effect: float, sd: float) -> dict:
+    "Two arms over `n` seeds whose paired differences have exactly mean `effect` and sample SD `sd`"
+    z = [i - (n - 1) / 2 for i in range(n)]
+    z = [x / statistics.stdev(z) for x in z]
+    base = {s: 70.0 + 3 * math.sin(s) for s in range(n)}  # each seed's own level, shared by both arms
+    return {"base": base, "arm": {s: base[s] + effect + sd * z[s] for s in range(n)}}
+
+
+@pytest.mark.parametrize("effect,decided", [(0.0, "equivalent"), (0.5, "equivalent"), (3.0, "better"),
+                                            (-3.0, "worse")])
+def test_same_effect_inconclusive_at_3_seeds_decided_at_30(effect, decided):
+    "The same observed effect and spread (paired SD 2 points): 3 seeds cannot decide, 30 can"
+    few = contrast_table(_arms(3, effect, 2.0), "base", margin=2.0)["arm"]
+    many = contrast_table(_arms(30, effect, 2.0), "base", margin=2.0)["arm"]
+    assert few["diff"] == pytest.approx(effect) and few["sd"] == pytest.approx(2.0)
+    assert many["diff"] == pytest.approx(effect) and many["sd"] == pytest.approx(2.0)
+    assert few["verdict"] == "inconclusive", few
+    assert many["verdict"] == decided, many
+    assert many["mde80"] < few["mde80"]
+
+
+def test_holm_makes_a_verdict_harder_with_more_arms():
+    "Five arms, one of which differs: its p alone would pass, Holm's over five does not"
+    c = {"base": {s: 0.0 for s in range(4)}, "x": {0: 1.0, 1: 1.4, 2: 0.4, 3: 1.2}}
+    c |= {f"n{i}": {s: (s % 2 - 0.5) * (i + 1) for s in range(4)} for i in range(4)}
+    t = contrast_table(c, "base")
+    assert t["x"]["p"] < 0.05 <= t["x"]["p_holm"] and t["x"]["verdict"] == "inconclusive"
+    assert verdict(1.0, t["x"]["p"], None) == "better"
