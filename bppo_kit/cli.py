@@ -4,7 +4,7 @@
 
 # %% ../nbs/27_cli.ipynb #1b1e04ef
 from __future__ import annotations
-import argparse, json, os, random, sys
+import argparse, json, os, random, shlex, sys
 from pathlib import Path
 import numpy as np
 import torch
@@ -119,18 +119,26 @@ def cmd_plot(args, cfg: Config) -> int:
 # %% ../nbs/27_cli.ipynb #a43355f3
 def cmd_compare(args, cfg: Config) -> int:
     "`compare` of `--algos` over `--seeds` (with `--budget`: at the baseline's cost); prints `report.md`"
-    from bppo_kit.compare import BUDGET_UNITS, compare
+    from bppo_kit.compare import BUDGET_UNITS, compare, parse_seeds, report_folder
+    if args.report_only:
+        report_folder(args.out)
+        print((Path(args.out) / "report.md").read_text())
+        return 0
     if args.budget is not None and args.budget not in BUDGET_UNITS:
         raise ConfigError(f"--budget: must be one of {', '.join(BUDGET_UNITS)}; got {args.budget!r}")
     if args.max_steps is not None and args.budget is None:
         raise ConfigError("--max-steps: caps the runs on a budget; give --budget UNIT too")
     if args.max_steps is not None and args.max_steps < 1: raise ConfigError("--max-steps: must be >= 1")
-    seeds = list(range(args.seeds))
-    compare(cfg, [a.strip() for a in args.algos.split(",") if a.strip()], seeds,
-            args.out, progress=not args.quiet,
-            tolerance=args.tolerance / 100, budget=args.budget, max_steps=args.max_steps)
+    if args.chosen_in and not args.confirm:
+        raise ConfigError("--chosen-in: names a confirming design's sources; give --confirm too")
+    command = "bppo " + shlex.join(getattr(args, "argv", None) or sys.argv[1:])
+    compare(cfg, [a.strip() for a in args.algos.split(",") if a.strip()], parse_seeds(args.seeds),
+            args.out, progress=not args.quiet, tolerance=args.tolerance / 100, budget=args.budget,
+            max_steps=args.max_steps, unit=args.unit, margin=args.margin / 100, confirm=args.confirm,
+            chosen_in=tuple(args.chosen_in or ()), interleave=args.interleave, command=command)
     print((Path(args.out) / "report.md").read_text())
     return 0
+
 
 # %% ../nbs/27_cli.ipynb #ea38adb8
 def cmd_plan(args, cfg: Config) -> int:
@@ -209,18 +217,35 @@ def _compare_args(sub):
     _plugins(cp)
     cp.add_argument("--algos", default="grpo_seq,grpo,bppo",
                     help="comma-separated variants (see bppo_kit.compare.VARIANTS); NAME@STEPS runs more steps")
-    cp.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 for every variant")
+    cp.add_argument("--seeds", default="3", help="N (seeds 0..N-1), A-B (a range) or a list such as 3,7,9")
     cp.add_argument("--steps", type=int, help="train.steps")
     cp.add_argument("--out", default="runs/compare", help="the comparison folder")
     cp.add_argument("--tolerance", type=float, default=1.0,
-                    help="points below the baseline's final accuracy that count as reaching it (time to target)")
+                    help="the verdict's cost to target: points below the baseline's final accuracy")
     cp.add_argument("--budget", metavar="UNIT", help="equal cost: the baseline (first of --algos) runs its --steps; "
                     "then each other variant runs until it has spent as much UNIT as the baseline on the "
                     "same seed: decode_steps (decoding passes, a GPU's cost), generated_tokens or wall_s")
     cp.add_argument("--max-steps", type=int,
                     help="with --budget: the most steps another variant may take (default: 10x the baseline's)")
+    _design_args(cp)
     return cp
 
+def _design_args(cp):
+    "`bppo compare`'s arguments of the design: verdicts' unit and margin, confirmation, order, report only"
+    cp.add_argument("--unit", help="the verdicts' unit of cost: wall_s, row_steps, decode_steps, "
+                    "generated_tokens or trained_tokens (default: the budget's, else wall_s)")
+    cp.add_argument("--margin", type=float, default=2.0, help="equivalence margin of accuracies, in points")
+    cp.add_argument("--confirm", action="store_true",
+                    help="a confirming design: refuse seeds a choosing design in --out (or --chosen-in) used")
+    cp.add_argument("--chosen-in", action="append", metavar="FOLDER",
+                    help="with --confirm: another comparison folder whose choosing designs' seeds are used")
+    cp.add_argument("--interleave", action="store_true",
+                    help="run seed by seed: every arm of a seed, then the next")
+    cp.add_argument("--report-only", action="store_true",
+                    help="rebuild the report of --out's last design; no training")
+
+
+# %% ../nbs/27_cli.ipynb #ba716df1
 def _probe_args(sub):
     "`bppo probe`: its subparser and arguments"
     pr = sub.add_parser("probe", help="gradient similarity of same-label vs cross-label completions (BPPO's premise)")
@@ -305,6 +330,7 @@ COMMANDS = {"eval": cmd_eval, "sft": cmd_sft, "train": cmd_train, "compare": cmd
 def main(argv: list[str] | None = None) -> int:
     "Entry point of the `bppo` command; returns the exit code"
     args = build_parser().parse_args(argv)
+    args.argv = list(argv) if argv is not None else sys.argv[1:]  # as typed: `compare` records it
     hf_logging.disable_progress_bar()  # "Loading weights" bars for every checkpoint are noise here; ours stay
     try:
         if getattr(args, "samples", 1) < 1: raise ConfigError(f"--samples must be >= 1, got {args.samples}")

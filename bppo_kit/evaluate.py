@@ -4,7 +4,7 @@
 
 # %% ../nbs/10_evaluate.ipynb #c2db8ebd
 from __future__ import annotations
-import time
+import math, time
 from statistics import mean
 from .config import Config, DataConfig
 from .data import Example, load_task, style_of, synthetic_eval
@@ -14,7 +14,15 @@ from .rollout import Completion, HFEngine, SamplingParams
 from .verifier import score
 
 # %% auto #0
-__all__ = ['response_tokens', 'grade', 'summarize', 'evaluate', 'eval_examples']
+__all__ = ['pass_at_k', 'response_tokens', 'grade', 'summarize', 'evaluate', 'eval_examples']
+
+# %% ../nbs/10_evaluate.ipynb #eb985256
+def pass_at_k(correct: list[int], # right completions of each prompt
+              n: int, k: int) -> float: # n samples a prompt; k at most n
+    "Mean over prompts of the unbiased pass@k: the chance that at least one of k of the n samples is right"
+    if not 1 <= k <= n: raise ValueError(f"pass@k: k must be in 1..{n}, got {k}")
+    return mean(1.0 - math.comb(n - c, k) / math.comb(n, k) for c in correct)
+
 
 # %% ../nbs/10_evaluate.ipynb #654ca31d
 def response_tokens(c: Completion, eos_id: int | None) -> int:
@@ -33,13 +41,16 @@ def summarize(examples: list[Example], # the graded prompts
               samples: int, eos_id: int | None = None,
               # grades them (None: the verifier); reward functions: `reward_mean`
               task: Task | None = None) -> dict:
-    "Accuracy, mixed-group fraction, lengths (and style splits for synthetic examples) of graded completions"
+    ("Accuracy, pass@k (k = 1, 2, 4, … `samples`), mixed-group fraction, lengths (and style splits for "
+     "synthetic examples) of graded completions")
     if len(completions) != len(examples) * samples:
         raise ValueError(f"expected {len(examples) * samples} completions, got {len(completions)}")
     rw, ok, _ = (task or Task()).grade(examples, completions)
     n = [response_tokens(c, eos_id) for c in completions]
     groups = [ok[i:i + samples] for i in range(0, len(ok), samples)]
+    ks = sorted({2 ** i for i in range(samples.bit_length()) if 2 ** i < samples} | {samples})
     r = dict(accuracy=_m(ok), mixed_group_fraction=_m([0 < sum(g) < samples for g in groups]),
+             pass_at={k: round(pass_at_k([sum(g) for g in groups], samples, k), 4) for k in ks},
              mean_response_tokens=_m(n), mean_correct_tokens=_m([x for x, o in zip(n, ok) if o]),
              mean_incorrect_tokens=_m([x for x, o in zip(n, ok) if not o]),
              n_prompts=len(examples), samples=samples)
