@@ -1,22 +1,22 @@
 """A `bppo compare` folder's table with 95% confidence intervals over seeds, paired against the baseline.
 
-`bppo compare`'s report gives mean ± std. A results page over a few seeds needs more: an interval for each mean
-(Student's t over the seeds), and for each variant its difference from the baseline *seed by seed* (the same seed
-starts from the same policy and draws the same prompts, so the paired difference is the fair one), with its own
-interval. Per run the numbers are `bppo_kit.compare.run_summary`'s; the target is compare's (the baseline's mean final
-accuracy less `--tolerance`, and on the cheap subset evaluations the same on the subset). The best variant of each
-column is marked, with its margin over the runner-up.
+`bppo compare`'s report gives every metric with its interval, paired differences and verdicts; this script draws the
+results page's compact table and figure of a family of variants: each column as mean ± the half-width of the 95%
+Student-t interval over the seeds (`bppo_kit.stats`), and each variant's difference from the baseline *seed by seed*
+(the same seed starts from the same policy and draws the same prompts, so the paired difference is the fair one),
+with its own interval. Per run the numbers are `bppo_kit.compare.run_summary`'s against the same seed's baseline run;
+the time to target is the training wall time until the run's accuracy curve (linear between full evaluations) first
+reached its seed's baseline final accuracy less `--tolerance`. The best variant of each column is marked, with its
+margin over the runner-up.
 
     python benchmarks/seed_ci.py runs/family --baseline grpo --out runs/family/ci.md --figure docs/images/family.png
 """
-import argparse, json, math, statistics
+import argparse, json, statistics
 from pathlib import Path
 
-from bppo_kit.compare import baseline_target, run_summary
+from bppo_kit.compare import run_summary
+from bppo_kit.stats import summarize
 from seed_targets import runs_of  # benchmarks/ is on the path when a script here runs
-
-# Student's t, two-sided 95% (0.975 quantile), by degrees of freedom
-T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
 
 # (key of run_summary, column title, scale, which way is better: +1 higher, -1 lower)
 COLUMNS = [("final_accuracy", "final acc %", 100, +1), ("final_tokens", "response tokens", 1, -1),
@@ -25,25 +25,25 @@ COLUMNS = [("final_accuracy", "final acc %", 100, +1), ("final_tokens", "respons
 
 
 def mean_ci(xs: list[float]) -> tuple[float, float]:
-    "Mean and the half-width of its 95% t-interval (0 for one value)"
-    m = statistics.fmean(xs)
-    if len(xs) < 2: return m, 0.0
-    return m, T975.get(len(xs) - 1, 1.96) * statistics.stdev(xs) / math.sqrt(len(xs))
+    "Mean and the half-width of its 95% Student-t interval (`bppo_kit.stats.summarize`; 0 for one value)"
+    s = summarize(xs)
+    return s["mean"], (s["ci95"][1] - s["mean"] if s["ci95"] else 0.0)
 
 
-def summaries(runs: dict[str, dict[int, Path]], baseline: str, tolerance: float) -> tuple[dict, float | None]:
-    "variant -> seed -> run_summary (with decode passes per step), and the target accuracy"
-    base = {baseline: list(runs[baseline].values())}
-    target = baseline_target(base, tolerance)
-    sub = baseline_target(base, tolerance, "final_subset_accuracy")
+def summaries(runs: dict[str, dict[int, Path]], baseline: str, tolerance: float) -> dict:
+    "variant -> seed -> run_summary against the seed's baseline run, with decode passes per step and time to target"
+    key = f"to_target_{100 * tolerance:g}pt_wall_s"
     out = {}
     for name, seeds in runs.items():
         out[name] = {}
         for s, p in seeds.items():
-            r = run_summary(p, target, sub)
-            r["decode_per_step"] = r["decode_steps"] / r["steps"] if r.get("decode_steps") is not None else None
+            base = runs[baseline].get(s)
+            r = run_summary(p, base, tolerances=(tolerance,))
+            r["decode_per_step"] = r["total_decode_steps"] / r["steps"] if "total_decode_steps" in r else None
+            ratio, total = r.get(key), (run_summary(base) if base else {}).get("total_wall_s")
+            r["time_to_target_s"] = ratio * total if ratio is not None and total else None
             out[name][s] = r
-    return out, target
+    return out
 
 
 def cell(xs: list[float], scale: float) -> str:
@@ -63,7 +63,7 @@ def table(per: dict, baseline: str, seeds: list[int]) -> list[str]:
             xs = [runs[s][k] for s in seeds if s in runs and runs[s].get(k) is not None]
             c = cell(xs, scale)
             cells.append(f"**{c}**" if best.get(k, (None,))[0] == name else c)
-        hit = sum(runs[s].get("step_at_target") is not None for s in seeds if s in runs)
+        hit = sum(runs[s].get("time_to_target_s") is not None for s in seeds if s in runs)
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {hit} of {sum(s in runs for s in seeds)} |")
     lines += ["", f"Paired by seed, variant minus {baseline} (mean ± 95% half-width):", "",
               f"| variant | Δ final acc (points) | Δ response tokens | update s/step ÷ {baseline}'s | "
@@ -141,9 +141,10 @@ def main():
     runs = runs_of(a.folder)
     if a.baseline not in runs: raise SystemExit(f"no {a.baseline}-sN runs in {a.folder}")
     seeds = sorted(runs[a.baseline])
-    per, target = summaries(runs, a.baseline, a.tolerance)
-    lines = [f"Seeds {seeds}; target: {a.baseline}'s mean final accuracy less {100 * a.tolerance:g} point(s)"
-             + (f" = {100 * target:.1f}%" if target is not None else "") + ".", ""] + table(per, a.baseline, seeds)
+    per = summaries(runs, a.baseline, a.tolerance)
+    lines = [f"Seeds {seeds}; target: each seed's {a.baseline} final accuracy less {100 * a.tolerance:g} "
+             "point(s); ± is the half-width of the 95% Student-t interval over seeds.", ""]
+    lines += table(per, a.baseline, seeds)
     text = "\n".join(lines) + "\n"
     if a.out:
         a.out.write_text(text)

@@ -5,7 +5,7 @@ evaluations), final accuracy on the subset evaluations, the decode steps until t
 the baseline's final subset accuracy *for the same seed* less `--tolerance` (as `benchmarks/seed_targets.py`, here as a
 ratio to the baseline's total), the critic's explained variance and the response length (both `run_summary`'s). The
 last column pairs each variant's final accuracy with the reference variant's seed by seed (same seed: same starting
-policy and prompts) and gives the mean difference with its 95% t-interval (`benchmarks/seed_ci.py`'s). The "changed"
+policy and prompts) and gives the mean difference with its 95% t-interval (`bppo_kit.stats.paired`). The "changed"
 column is the variant's `bppo compare` overrides that the reference does not have. Runs that `bppo compare` would
 not skip as finished (still in progress) are left out.
 
@@ -17,7 +17,8 @@ from pathlib import Path
 
 from bppo_kit.compare import VARIANTS, run_status, run_summary
 from bppo_kit.config import load_config
-from seed_ci import mean_ci
+from bppo_kit.runs import read_jsonl_rows
+from bppo_kit.stats import paired as paired_test
 from seed_targets import cost_to_target, folder_args, runs_of  # benchmarks/ is on the path when a script here runs
 
 
@@ -41,10 +42,10 @@ def ablation(runs: dict[str, dict[int, Path]], baseline: str, unit: str = "decod
         for s, run in sorted(seeds.items()):
             if s not in base or not finished(run): continue
             m = run_summary(run)
+            sub = read_jsonl_rows(run / "eval.jsonl")[-1].get("subset_accuracy")  # the last (full) evaluation's
             out.setdefault(name, {})[s] = dict(
                 acc=100 * m["final_accuracy"], ratio=cost_ratio(run, base[s], unit, tolerance),
-                sub=100 * m["final_subset_accuracy"] if m["final_subset_accuracy"] is not None else None,
-                ev=m["critic_ev"], tokens=m["final_tokens"])
+                sub=100 * sub if sub is not None else None, ev=m["critic_ev"], tokens=m["final_tokens"])
     return out
 
 
@@ -75,10 +76,9 @@ def _fmt_ratio(xs: list) -> str:
 
 def paired(per: dict[str, dict[int, dict]], name: str, reference: str) -> str:
     "Mean seed-by-seed difference of final accuracy from `reference`, ± its 95% half-width"
-    seeds = sorted(set(per[name]) & set(per.get(reference, {})))
-    if name == reference or not seeds: return "—"
-    m, h = mean_ci([per[name][s]["acc"] - per[reference][s]["acc"] for s in seeds])
-    return f"{m:+.1f} ± {h:.1f}" if len(seeds) > 1 else f"{m:+.1f}"
+    if name == reference or not set(per[name]) & set(per.get(reference, {})): return "—"
+    c = paired_test({s: r["acc"] for s, r in per[reference].items()}, {s: r["acc"] for s, r in per[name].items()})
+    return f"{c['diff']:+.1f} ± {c['ci95'][1] - c['diff']:.1f}" if c["ci95"] else f"{c['diff']:+.1f}"
 
 
 def _order(per: dict, baseline: str, reference: str) -> list[str]:

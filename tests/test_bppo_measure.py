@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest, torch
 from conftest import ROOT
 from bppo_kit.bppo import progress_budget
-from bppo_kit.compare import compare
+from bppo_kit.compare import accuracy_curve, compare, crossing
 from bppo_kit.config import data_dir, get_config
 from bppo_kit.runs import read_jsonl_rows
 from bppo_kit.trainer import train
@@ -59,11 +59,17 @@ def test_progress_budget_in_the_loop(tmp_path):
 
 @needs_tiny
 def test_compare_target_is_the_baselines_final_accuracy(tmp_path):
-    "`bppo@3` runs more steps than the baseline; the target is the baseline's final accuracy less the tolerance"
+    "`bppo@3` runs more steps than the baseline; the target is the same seed's baseline final accuracy less 5 points"
     base = get_config("cpu-demo", overrides=["train.steps=2", "train.prompts_per_step=4", "rollout.group_size=4",
                                              "data.eval_size=4", "train.eval_every=1", "train.eval_subset=2"])
     rep = compare(base, ["grpo_seq", "bppo@3"], [0], tmp_path, progress=False, tolerance=0.05)
-    assert rep["target_accuracy"] == pytest.approx(rep["variants"]["grpo_seq"]["final_accuracy"]["mean"] - 0.05)
-    assert rep["variants"]["bppo@3"]["steps"]["mean"] == 3
+    assert rep["arms"]["bppo@3"]["steps"]["mean"] == 3 and rep["design"]["tolerance"] == 0.05
+    final = rep["per_run"]["grpo_seq"]["0"]["final_accuracy"]
+    curve = accuracy_curve(tmp_path / "bppo@3-s0", "wall_s")  # its full evaluations only: steps 0 and 3
+    assert len(curve) == 2
+    want = crossing(curve, final - 0.05)
+    got = rep["per_run"]["bppo@3"]["0"]["to_target_5pt_wall_s"]
+    total = rep["per_run"]["grpo_seq"]["0"]["total_wall_s"]
+    assert got == (None if want is None else pytest.approx(want / total))
     evs = read_jsonl_rows(tmp_path / "bppo@3-s0" / "eval.jsonl")
     assert [(e["step"], e["problems"]) for e in evs] == [(0, 4), (1, 2), (2, 2), (3, 4)]

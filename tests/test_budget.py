@@ -79,8 +79,11 @@ def test_compare_gives_every_variant_the_baselines_cost_of_its_seed(tmp_path):
         assert mine[-1] >= spent[s] > max(mine[:-1], default=0) or len(mine) == 5, (mine, spent[s])
         assert read_jsonl_rows(tmp_path / f"bppo-s{s}" / "eval.jsonl")[-1]["step"] == len(mine)
     md = (tmp_path / "report.md").read_text()
-    table = md[md.index("## Equal cost: generated tokens"):md.index("## At a glance")]
-    assert "| grpo |" in table and "| bppo |" in table and "to target vs grpo" in table
+    verdicts = md[md.index("## Verdicts"):md.index("## Equal cost: generated tokens")]
+    assert "| grpo |" in verdicts and "| bppo |" in verdicts and "(baseline)" in verdicts
+    # the others' final accuracy is their accuracy at grpo's cost: the per-seed values the report pairs
+    finals = {s: read_jsonl_rows(tmp_path / f"bppo-s{s}" / "eval.jsonl")[-1]["accuracy"] for s in (0, 1)}
+    assert rep["arms"]["bppo"]["final_accuracy"]["values"] == [finals[0], finals[1]]
     assert (tmp_path / "equal_cost.png").stat().st_size > 1000
     rows = {p: p.read_text() for p in sorted(tmp_path.glob("*-s*/metrics.jsonl"))}
     compare(base, ["grpo", "bppo"], [0, 1], tmp_path, progress=False, budget="generated_tokens", max_steps=5)
@@ -99,6 +102,6 @@ def test_cli_compare_at_equal_decode_steps(tmp_path):
                                      "decode_steps", "--max-steps", "3", "--out", str(tmp_path), "--quiet", *sets],
                        capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "## Equal cost: decode steps" in r.stdout
+    assert "## Equal cost: decoding passes" in r.stdout
     c = load_config(tmp_path / "bppo-s0" / "config.yaml")
     assert (c.train.budget, c.train.steps) == (totals(tmp_path / "grpo-s0", "decode_steps")[-1], 3)
