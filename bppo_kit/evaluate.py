@@ -50,7 +50,8 @@ def summarize(examples: list[Example], # the graded prompts
     groups = [ok[i:i + samples] for i in range(0, len(ok), samples)]
     ks = sorted({2 ** i for i in range(samples.bit_length()) if 2 ** i < samples} | {samples})
     r = dict(accuracy=_m(ok), mixed_group_fraction=_m([0 < sum(g) < samples for g in groups]),
-             pass_at={k: round(pass_at_k([sum(g) for g in groups], samples, k), 4) for k in ks},
+             # keyed by str(k), as in eval.jsonl (JSON) and for trackers
+             pass_at={str(k): round(pass_at_k([sum(g) for g in groups], samples, k), 4) for k in ks},
              mean_response_tokens=_m(n), mean_correct_tokens=_m([x for x, o in zip(n, ok) if o]),
              mean_incorrect_tokens=_m([x for x, o in zip(n, ok) if not o]),
              n_prompts=len(examples), samples=samples)

@@ -41,7 +41,7 @@ def scalars(row: dict, prefix: str = "") -> dict[str, float]:
         if k == "step": continue
         if isinstance(v, dict): out.update(scalars(v, f"{prefix}{k}/"))
         elif isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
-            out[prefix + k] = float(v)
+            out[f"{prefix}{k}"] = float(v)
     return out
 
 # %% ../nbs/23_tracking.ipynb #4e1e9a87
