@@ -55,10 +55,18 @@ def test_cli_report_schema_and_refusals(tmp_path):
     one_line_exit_2(bppo(*cmd, "--set", "train.lr=2e-4"), "holds a run of another config (train.lr:")
     one_line_exit_2(bppo(*cmd, "--confirm"), "--confirm: seed(s) 100, 101, 102 were used by a choosing design")
     assert {p: p.stat().st_mtime for p in out.glob("*-s*/metrics.jsonl")} == before
-    # the report rebuilt from the folder alone says the same
+    # the report rebuilt from the folder alone says the same; the same command again trains nothing, marks nothing
     r = bppo("compare", "--out", out, "--report-only")
     assert r.returncode == 0, r.stderr[-2000:]
     assert json.loads((out / "report.json").read_text())["arms"] == rep["arms"]
+    r = bppo(*cmd)
+    assert r.returncode == 0 and "†" not in r.stdout, r.stderr[-2000:]
+    assert {p: p.stat().st_mtime for p in out.glob("*-s*/metrics.jsonl")} == before
+    assert len(json.loads((out / "design.json").read_text())["designs"]) == 1
+    # a run cut short: the report refuses to read it as finished
+    m = out / "bppo-s102" / "metrics.jsonl"
+    m.write_text(m.read_text().splitlines()[0] + "\n")
+    one_line_exit_2(bppo("compare", "--out", out, "--report-only"), "1 run(s) of the design did not finish")
 
 
 def test_interleaved_runs_go_seed_by_seed(tmp_path, monkeypatch):

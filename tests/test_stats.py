@@ -18,7 +18,8 @@ def test_summary_is_the_sample_sd_and_the_t_interval():
     s = summarize(A, seeds=[100, 101, 102, 103, 104])
     assert s["seeds"] == [100, 101, 102, 103, 104] and s["values"] == A and s["n"] == 5
     assert s["mean"] == pytest.approx(statistics.fmean(A), abs=1e-12)
-    assert s["sd"] == pytest.approx(statistics.stdev(A), abs=1e-12) != pytest.approx(statistics.pstdev(A))
+    assert s["sd"] == pytest.approx(statistics.stdev(A), abs=1e-12)
+    assert s["sd"] != pytest.approx(statistics.pstdev(A))  # the sample SD, not the population one
     lo, hi = sps.t.interval(0.95, 4, loc=s["mean"], scale=s["sd"] / math.sqrt(5))
     assert s["ci95"] == pytest.approx([lo, hi], abs=1e-9)
     want = sps.t.interval(0.9, 2, scale=1 / 3 ** .5)
@@ -89,3 +90,17 @@ def test_holm_makes_a_verdict_harder_with_more_arms():
     t = contrast_table(c, "base")
     assert t["x"]["p"] < 0.05 <= t["x"]["p_holm"] and t["x"]["verdict"] == "inconclusive"
     assert verdict(1.0, t["x"]["p"], None) == "better"
+
+
+def test_no_spread_no_verdict():
+    "Identical differences on every seed (a coarse evaluation makes them): no p-value, no equivalence, inconclusive"
+    c = contrast_table({"base": {0: .5, 1: .25}, "arm": {0: .53125, 1: .28125}}, "base", margin=0.02)["arm"]
+    assert c["sd"] == pytest.approx(0, abs=1e-15) and c["p"] is None and c["p_tost"] is None
+    assert c["verdict"] == "inconclusive"
+
+
+def test_a_missing_seed_makes_it_inconclusive():
+    "An arm that has no value on a seed the baseline has (never reached the target there) is not judged"
+    arms = {"base": {0: .90, 1: .95, 2: .92}, "arm": {0: .50, 1: .60}}
+    c = contrast_table(arms, "base")["arm"]
+    assert c["p"] < 0.05 and c["missing"] == [2] and c["verdict"] == "inconclusive"
