@@ -19,8 +19,8 @@ from .policy import merged_state_dict, token_logprobs
 # %% auto #0
 __all__ = ['trim', 'encode_prompts', 'stop_ids', 'HFEngine', 'hf_batch_available', 'HFBatchEngine', 'idle_fraction', 'mix32',
            'gumbel_noise', 'gumbel_argmax', 'filter_logits', 'sample_tokens', 'SlotCache', 'SlotModel', 'Slot', 'Batch',
-           'admit_waiting', 'decode_step', 'accept_tokens', 'compaction', 'finish_slots', 'drop_cancelled',
-           'check_requests', 'KitEngine', 'vllm_available', 'VLLMCompat', 'VLLMEngine']
+           'admit_waiting', 'record_pass', 'decode_step', 'accept_tokens', 'compaction', 'finish_slots',
+           'drop_cancelled', 'check_requests', 'KitEngine', 'vllm_available', 'VLLMCompat', 'VLLMEngine']
 
 # %% ../nbs/07_rollout.ipynb #d4729ed1
 def trim(row: list[int], stop_ids: set[int]) -> tuple[list[int], str]:
@@ -104,6 +104,7 @@ def generate(self: HFEngine, prompts: list[str | list[int]], # text, or token id
     self.stats["seconds"] += time.time() - t0
     self.stats["calls"] += 1
     self.stats["generated_tokens"] += sum(c.n_tokens for c in out)
+    self.stats["requests"] = self.stats.get("requests", 0) + len(out)
     return out
 
 # %% ../nbs/07_rollout.ipynb #a766519c
@@ -159,6 +160,7 @@ def generate(self: HFBatchEngine,
     self.stats["seconds"] += time.time() - t0
     self.stats["calls"] += 1
     self.stats["generated_tokens"] += sum(c.n_tokens for c in cs)
+    self.stats["requests"] = self.stats.get("requests", 0) + len(cs)
     return cs
 
 # %% ../nbs/07_rollout.ipynb #70994e68
@@ -458,11 +460,21 @@ def admit_waiting(b: Batch, limit: int) -> tuple[int, torch.Tensor] | None:
     first = len(b.slots)
     logits = b.lm.prefill(ids, first)
     b.stats["prefills"] += 1
+    b.stats["prefill_tokens"] = b.stats.get("prefill_tokens", 0) + sum(map(len, ids))
     # each slot feeds its first sampled token next, at the position after its sequence
     for i, x in zip(new, ids):
         left = b.sp.max_new_tokens - len(b.requests[i].prefix)
         b.slots.append(Slot(i, pos=len(x) - 1, budget=min(b.window or b.sp.max_new_tokens, left)))
     return first, logits
+
+# %% ../nbs/07_rollout.ipynb #3382106a
+def record_pass(stats: dict, rows: int, context: int) -> None:
+    "Count a decoding pass of `rows` busy rows reading `context` cached tokens in all: totals and a histogram by rows"
+    stats["kv_read_tokens"] = stats.get("kv_read_tokens", 0) + context
+    entry = stats.setdefault("rows_hist", {}).setdefault(rows, [0, 0])  # rows -> [passes, cached tokens read]
+    entry[0] += 1
+    entry[1] += context
+
 
 # %% ../nbs/07_rollout.ipynb #cb278676
 def decode_step(b: Batch, slots: int) -> torch.Tensor:
@@ -470,6 +482,7 @@ def decode_step(b: Batch, slots: int) -> torch.Tensor:
     b.stats["decode_steps"] += 1
     b.stats["slot_steps"] += slots
     b.stats["busy_slot_steps"] += len(b.slots)
+    record_pass(b.stats, len(b.slots), sum(s.pos + 1 for s in b.slots))
     return b.lm.decode([s.cur for s in b.slots], [s.pos for s in b.slots])
 
 def accept_tokens(b: Batch, first: int, logits: torch.Tensor) -> tuple[list[int], list[str]]:
@@ -550,7 +563,7 @@ class KitEngine(Engine):
         self.max_slots, self.prefill_batch = max_slots, prefill_batch
         self.lm = SlotModel(model)
         self.stats = dict(generated_tokens=0, seconds=0.0, calls=0, decode_steps=0, prefills=0, slot_steps=0,
-                          busy_slot_steps=0)
+                          busy_slot_steps=0, prefill_tokens=0, kv_read_tokens=0, rows_hist={})
 
     @classmethod
     def from_config(cls, cfg, model, tok, dist=None, progress: bool = False):
@@ -599,6 +612,7 @@ def run(self: KitEngine, requests: list[Request], sampling: SamplingParams | Non
     self.stats["seconds"] += time.time() - t0
     self.stats["calls"] += 1
     self.stats["generated_tokens"] += sum(c.n_tokens - len(r.prefix) for c, r in zip(b.out, requests))
+    self.stats["requests"] = self.stats.get("requests", 0) + len(requests)
     return b.out
 
 # %% ../nbs/07_rollout.ipynb #de403b6c
@@ -917,4 +931,5 @@ def generate(self: VLLMEngine,
     self.stats["seconds"] += time.time() - t0
     self.stats["calls"] += 1
     self.stats["generated_tokens"] += sum(c.n_tokens for c in cs)
+    self.stats["requests"] = self.stats.get("requests", 0) + len(cs)
     return cs

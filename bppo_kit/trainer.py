@@ -29,9 +29,9 @@ import bppo_kit.bppo, bppo_kit.grpo, bppo_kit.tppo  # noqa: F401
 
 # %% auto #0
 __all__ = ['COSTS', 'lr_at', 'device_of', 'Session', 'own_state', 'check_precision', 'check_gpu_memory', 'with_lora',
-           'start_policy', 'load_for_training', 'make_optimizer', 'build_engine', 'setup', 'step_costs', 'train_step',
-           'evaluate_step', 'eval_examples_of', 'check_run', 'open_run_on', 'rows_after', 'run_cost', 'end_of_run',
-           'check_budget', 'RunLog', 'run_steps', 'train']
+           'start_policy', 'load_for_training', 'make_optimizer', 'build_engine', 'setup', 'merge_histograms',
+           'step_costs', 'pass_histogram', 'train_step', 'evaluate_step', 'eval_examples_of', 'check_run',
+           'open_run_on', 'rows_after', 'run_cost', 'end_of_run', 'check_budget', 'RunLog', 'run_steps', 'train']
 
 # %% ../nbs/24_trainer.ipynb #ef0a4107
 def lr_at(step: int, lr: float, warmup_steps: int = 0) -> float:
@@ -197,21 +197,42 @@ def setup(cfg: Config, run: RunDir, resume: bool = False, dist: Dist | None = No
     if engine.caps.own_weights and (state is not None or policy is not None): s.refresh_engine()
     return s
 
+# %% ../nbs/24_trainer.ipynb #bd3dfd9d
+def merge_histograms(hists: list[dict]) -> dict:
+    "Several processes' pass histograms ({rows: [passes, cached tokens read]}), summed by rows"
+    out: dict[str, list[int]] = {}
+    for h in hists:
+        for rows, (n, c) in h.items():
+            tot = out.setdefault(str(rows), [0, 0])
+            tot[0] += n
+            tot[1] += c
+    return dict(sorted(out.items(), key=lambda kv: int(kv[0])))
+
+
 # %% ../nbs/24_trainer.ipynb #05c56d7c
-COSTS = {"decode_steps": "decode_steps", "row_steps": "busy_slot_steps", "slot_steps": "slot_steps"}
+COSTS = {"decode_steps": "decode_steps", "row_steps": "busy_slot_steps", "slot_steps": "slot_steps",
+         "prefill_tokens": "prefill_tokens", "kv_read_tokens": "kv_read_tokens", "requests": "requests"}
 
 def step_costs(before: dict, after: dict) -> dict:
-    "The generation cost between two snapshots of an engine's `stats`: decode steps, row-steps, slot-steps"
+    "The generation cost between two snapshots of an engine's `stats`: decode steps, row-steps, slot-steps, …"
     return {k: after[v] - before[v] for k, v in COSTS.items() if v in after and v in before}
+
+def pass_histogram(before: dict, after: dict) -> dict:
+    "The decoding passes between two snapshots of `stats`, by rows: {rows: [passes, cached tokens read]}"
+    old = before.get("rows_hist", {})
+    diff = {r: [n - old.get(r, (0, 0))[0], c - old.get(r, (0, 0))[1]]
+            for r, (n, c) in after.get("rows_hist", {}).items()}
+    return merge_histograms([{r: v for r, v in diff.items() if v[0] > 0}])
 
 def train_step(cfg: Config, s: Session, step: int) -> dict:
     "One step of training: collect → update → after the update; the step's metrics row"
     t0 = time.time()
     for g in s.opt.param_groups: g["lr"] = lr_at(step, cfg.train.lr, cfg.train.warmup_steps)
     # rollout → reward → advantages: the algorithm's train items (GRPO/BPPO: graded groups; T-PPO: a window)
-    before = dict(getattr(s.engine, "stats", {}))
+    before = copy.deepcopy(getattr(s.engine, "stats", {}))
     items, collected = s.algo.collect(step, s.sampler)  # this process's items; metrics of the whole step
     costs = step_costs(before, getattr(s.engine, "stats", {}))  # every process's engine: summed
+    passes = merge_histograms(s.dist.gather(pass_histogram(before, getattr(s.engine, "stats", {}))))
     s.engine.sleep()  # its device memory goes to the update until `refresh_engine` (vLLM's sleep mode)
     collected = {**collected, **reduce_metrics(s.dist, costs, summed=set(costs))}
     t1, reward_s = time.time(), s.sampler.take_reward_seconds()
@@ -224,7 +245,7 @@ def train_step(cfg: Config, s: Session, step: int) -> dict:
     t2 = time.time()
     return dict(step=step, wall_s=round(t2 - t0, 4), rollout_s=round(t1 - t0 - reward_s, 4),
                 reward_s=round(reward_s, 4), update_s=round(t2 - t1, 4), lr=s.opt.param_groups[0]["lr"],
-                **collected, **um)
+                **collected, **um, **({"decode_rows": passes} if passes else {}))
 
 # %% ../nbs/24_trainer.ipynb #15ac4417
 def evaluate_step(cfg: Config, s: Session, examples: list, step: int, progress: bool = False) -> dict:

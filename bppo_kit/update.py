@@ -17,10 +17,10 @@ from .kernels import prefix_policy_loss
 from .policy import autocast, pack, token_logprobs
 
 # %% auto #0
-__all__ = ['forward_logprobs', 'MicroBatch', 'micro_batch_tensors', 'trainable', 'lm_weights', 'head_problem', 'check_fused_head',
-           'compute_dtype', 'head_inputs', 'kernel_logprobs', 'tis_weights', 'active_tis_cap', 'sampler_kl', 'tis_of',
-           'with_carried', 'UpdateContext', 'kernel_loss', 'micro_batch_loss', 'policy_logprobs', 'zero_loss',
-           'update_epoch', 'fixed_logprobs', 'epoch_metrics', 'update']
+__all__ = ['EMPTY_UPDATE', 'forward_logprobs', 'MicroBatch', 'micro_batch_tensors', 'trainable', 'lm_weights', 'head_problem',
+           'check_fused_head', 'compute_dtype', 'head_inputs', 'kernel_logprobs', 'tis_weights', 'active_tis_cap',
+           'sampler_kl', 'tis_of', 'with_carried', 'UpdateContext', 'kernel_loss', 'micro_batch_loss',
+           'policy_logprobs', 'zero_loss', 'update_epoch', 'fixed_logprobs', 'epoch_metrics', 'update_work', 'update']
 
 # %% ../nbs/20_update.ipynb #ec15c6ed
 def forward_logprobs(model, batch: dict, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -280,6 +280,18 @@ def epoch_metrics(tot: dict, grad_norm: torch.Tensor, cfg: Config) -> dict:
     return dict(loss=tot["loss"], grad_norm=norm, grad_clipped=float(norm > cfg.train.grad_clip),
                 clip_frac=tot["clip"] / n, kl=tot["kl"] / n, entropy=ent if math.isfinite(ent) else None)
 
+# %% ../nbs/20_update.ipynb #da5127a8
+EMPTY_UPDATE = dict(trained_tokens=0, clip_frac=0.0, kl=0.0, entropy=0.0, grad_norm=0.0, grad_clipped=0.0,
+                    skipped=0, loss=0.0)  # the metrics of an update that trained nothing
+
+def update_work(batches: list[MicroBatch], cfg: Config, with_kl: bool, dist: Dist) -> dict:
+    "Positions and passes of the update's forwards with a gradient and without (recomputed log-probs), all processes"
+    sizes = [mb.batch["input_ids"].numel() for mb in batches]
+    again = (cfg.train.mu > 1) + with_kl  # no-gradient forwards per micro-batch: old log-probs, the reference
+    tot = dist.sum([cfg.train.mu * sum(sizes), cfg.train.mu * len(sizes), again * sum(sizes), again * len(sizes)])
+    return dict(zip(("update_tokens", "update_passes", "logprob_tokens", "logprob_passes"), map(int, tot)))
+
+
 # %% ../nbs/20_update.ipynb #09323732
 def update(model, opt, items: list[TrainItem], cfg: Config, pad_id: int, ref_model=None, surrogate=None,
            # `dist`: this process's place in a scale-out run (none: one process)
@@ -292,8 +304,7 @@ def update(model, opt, items: list[TrainItem], cfg: Config, pad_id: int, ref_mod
     n_tokens, n_seqs, n_live, n_lm = (int(x) for x in dist.sum([
         sum(max(0, it.end - it.start) for it in items), sum(it.end > it.start for it in items),
         len(live), sum(len(it.completion_ids) for it in items if it.lm_weight > 0)]))
-    mets = dict(trained_tokens=0, clip_frac=0.0, kl=0.0, entropy=0.0, grad_norm=0.0, grad_clipped=0.0,
-                skipped=0, loss=0.0)
+    mets = dict(EMPTY_UPDATE)
     if not n_live: return mets
     dev, k = next(model.parameters()).device, tc.micro_batch
     batches = [micro_batch_tensors(live[i:i + k], pad_id, dev) for i in range(0, len(live), k)]
@@ -301,6 +312,7 @@ def update(model, opt, items: list[TrainItem], cfg: Config, pad_id: int, ref_mod
     surrogate = surrogate or partial(clipped_surrogate, eps_low=ac.eps_low, eps_high=ac.eps_high)
     ctx = UpdateContext(cfg, surrogate, n_seqs, n_tokens, pad_id, dist, rounds=dist.max(len(batches)))
     fixed_logprobs(model, ref_model if with_kl else None, batches, ctx)
+    mets.update(update_work(batches, cfg, with_kl, dist))
     with_sample = dist.any(bool(batches) and batches[0].sample is not None)
     model.train()
     for _ in range(tc.mu):
