@@ -86,6 +86,11 @@ QWEN2_5 = {  # size -> the shape; the rest is common to all sizes (see qwen2_5_c
                  intermediate_size=8960, vocab_size=151936),
     "tiny": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                  intermediate_size=224, vocab_size=151936),  # the same kind, small enough for CPU tests
+    # the larger sizes (their hub config.json; untied LM heads: `tie_word_embeddings=False`), for the cost model
+    "7b": dict(hidden_size=3584, num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
+               intermediate_size=18944, vocab_size=152064),
+    "32b": dict(hidden_size=5120, num_hidden_layers=64, num_attention_heads=40, num_key_value_heads=8,
+                intermediate_size=27648, vocab_size=152064),
 }
 
 def qwen2_5_config(size: str = "0.5b", # a key of `QWEN2_5`
