@@ -18,7 +18,7 @@ from .sampler import make_engine
 
 # %% auto #0
 __all__ = ['COMMANDS', 'seed_everything', 'cmd_eval', 'cmd_sft', 'cmd_train', 'cmd_probe', 'cmd_plot', 'cmd_compare', 'cmd_plan',
-           'load_plugin', 'build_parser', 'shorthand_overrides', 'cmd_launch', 'main']
+           'cmd_cost', 'load_plugin', 'build_parser', 'shorthand_overrides', 'cmd_launch', 'main']
 
 # %% ../nbs/27_cli.ipynb #5b7f3859
 def seed_everything(seed: int):
@@ -144,9 +144,28 @@ def cmd_compare(args, cfg: Config) -> int:
 def cmd_plan(args, cfg: Config) -> int:
     "The table of what the run needs per GPU (exit 0), or a `ConfigError` naming the field to change (exit 2)"
     from bppo_kit.plan import plan
+    from bppo_kit.cost import gpu_of, plan_seconds
     p = plan(cfg, args.gpus, args.gpu_memory, args.shard)
     if not p.fits: raise ConfigError(p.advice)
     print(p.table())
+    s = plan_seconds(cfg, args.gpu, args.gpus)
+    phases = ", ".join(f"{k[:-2]} {s[k]:.3g}" for k in ("decode_s", "prefill_s", "update_s", "sync_s"))
+    print(f"predicted seconds per step on {args.gpus} x {gpu_of(args.gpu).name} (an upper bound: every "
+          f"response max_new_tokens long; not measured): {phases}")
+    return 0
+
+def cmd_cost(args, cfg: Config) -> int:
+    "A run folder, or every run of a comparison folder's last design, priced on a GPU: `cost.json`; a table"
+    from bppo_kit.compare import price_folder, read_designs
+    from bppo_kit.cost import cost_lines, write_cost
+    path, own = Path(args.path), {"vllm": True, "kit": False}.get(args.engine)
+    if not (path / "metrics.jsonl").is_file() and not read_designs(path):
+        raise DataError(f"cost: {path} is neither a run folder (metrics.jsonl) nor a comparison folder")
+    kw = dict(model=args.model, gpu=args.gpu, gpus=args.gpus, k=args.async_k, own_weights=own)
+    if read_designs(path):
+        preds, _ = price_folder(path, **kw)
+        print("\n".join(cost_lines(preds)) + "\n\n" + (path / "report.md").read_text())
+    else: print("\n".join(cost_lines({path.name: write_cost(path, **kw)})))
     return 0
 
 # %% ../nbs/27_cli.ipynb #1a8e7243
@@ -272,7 +291,24 @@ def _plan_args(sub):
     pn.add_argument("--gpu-memory", type=float, default=80, metavar="GB", help="one GPU's memory in GiB")
     pn.add_argument("--shard", choices=["ddp", "fsdp2"], default="ddp", help="fsdp2 shards weights, grads, AdamW")
     pn.add_argument("--prompt-tokens", type=int, help="rollout.max_prompt_tokens: the prompt length assumed")
+    pn.add_argument("--gpu", default="H100", help="the GPU of the predicted seconds: H100, H200, A100 or L4")
     return pn
+
+
+# %% ../nbs/27_cli.ipynb #58fc279a
+def _cost_args(sub):
+    "`bppo cost`: its subparser and arguments"
+    co = sub.add_parser("cost", help="a run's (or a comparison's runs') predicted cost on a GPU: cost.json")
+    co.add_argument("path", help="a run folder, or a comparison folder (its last design's runs)")
+    co.add_argument("--model", default="Qwen/Qwen2.5-1.5B-Instruct", help="the model shape to price the work")
+    co.add_argument("--gpu", default="H100", help="H100, H200, A100 or L4")
+    co.add_argument("--gpus", type=int, default=1, help="GPUs, one process each (data parallel)")
+    co.add_argument("--async", dest="async_k", type=int, default=0, metavar="K",
+                    help="asynchronous rollouts: weights at most K updates old (0: in turn)")
+    co.add_argument("--engine", choices=["run", "kit", "vllm"], default="run",
+                    help="price the weight sync of this engine (run: the run's own)")
+    co.set_defaults(preset="cpu-demo", config=None, overrides=[])
+    return co
 
 def _launch_args(sub):
     "`bppo launch`: its subparser and arguments"
@@ -297,6 +333,7 @@ def build_parser() -> argparse.ArgumentParser:
     _probe_args(sub)
     _plot_args(sub)
     _plan_args(sub)
+    _cost_args(sub)
     _launch_args(sub)
     return ap
 
@@ -325,7 +362,7 @@ def cmd_launch(args, cfg: Config) -> int:
 
 # %% ../nbs/27_cli.ipynb #2831cca3
 COMMANDS = {"eval": cmd_eval, "sft": cmd_sft, "train": cmd_train, "compare": cmd_compare, "probe": cmd_probe,
-            "plot": cmd_plot, "plan": cmd_plan, "launch": cmd_launch}
+            "plot": cmd_plot, "plan": cmd_plan, "cost": cmd_cost, "launch": cmd_launch}
 
 def main(argv: list[str] | None = None) -> int:
     "Entry point of the `bppo` command; returns the exit code"
