@@ -1,0 +1,111 @@
+"""The GPU cost model (bppo_kit.cost) on hand-computed cases, the traces it reads (the kit engine's pass histogram,
+the update's work), `bppo cost` on real runs, and a comparison's predicted GPU column."""
+import json, subprocess
+import pytest
+from conftest import ROOT, bppo_cmd
+from bppo_kit import cost as K
+from bppo_kit.config import data_dir
+
+needs_tiny = pytest.mark.skipif(not (data_dir() / "tiny_policy" / "config.json").exists(),
+                                reason="the shipped tiny policy is not in data/")
+M15 = "Qwen/Qwen2.5-1.5B-Instruct"
+SMALL = ["train.prompts_per_step=4", "rollout.group_size=4", "data.eval_size=4", "rollout.max_new_tokens=60"]
+
+
+def test_one_row_is_the_weights_over_the_bandwidth():
+    a, g, eff = K.shape(M15), K.GPUS["H100"], K.ASSUMED
+    p = K.decode_pass(M15, "H100", rows=1, context=200)
+    weights = 2 * a.matmul  # bf16 bytes of every matmul weight: 3.08 GB
+    assert 3.0e9 < weights < 3.2e9
+    assert p["bound"] == "memory"
+    assert p["seconds"] == pytest.approx(weights / (g.bandwidth * eff.bandwidth), rel=0.01)
+    assert K.decode_pass_seconds(M15, "H100", 1, 200) == p["seconds"]
+
+
+def test_the_roofline_turns_where_it_says():
+    "FLOPs 2·W·r against bytes 2·W (bf16): compute-bound past r* = (peak·e_f) / (bandwidth·e_b), a few hundred rows"
+    g, eff = K.GPUS["H100"], K.ASSUMED
+    ridge = g.flops * eff.decode_flops / (g.bandwidth * eff.bandwidth)
+    assert 150 < ridge < 300
+    turn = next(r for r in range(1, 2000) if K.decode_pass(M15, "H100", r, 0)["bound"] == "compute")
+    # each row's activations and float32 logits add bytes: solve 2·W·r / (F·e_f) = (2·W + r·act) / (B·e_b) by hand
+    a = K.shape(M15)
+    act = 2 * a.layers * (8 * a.hidden + 3 * a.inter) + 4 * a.vocab
+    w = 2 * a.matmul
+    mem, comp = g.bandwidth * eff.bandwidth, g.flops * eff.decode_flops
+    exact = (w / mem) / (w / comp - act / mem)
+    assert ridge < turn and abs(turn - exact) <= 1, (ridge, exact, turn)
+    per_row = [K.decode_pass_seconds(M15, "H100", r, 0) / r for r in (1, 8, 64, 512)]
+    assert per_row == sorted(per_row, reverse=True)  # a pass is shared by its rows
+
+
+def test_intensity_grows_with_rows_and_falls_with_context():
+    ops = lambda r, c: (lambda p: p["flops"] / p["bytes"])(K.decode_pass(M15, "H100", r, c))
+    assert ops(1, 100) < ops(16, 1600) < ops(64, 6400) < ops(256, 25600)
+    assert ops(64, 64 * 4000) < ops(64, 64 * 100)  # a long KV cache is read for little work
+
+
+def test_the_schedule():
+    assert K.pipeline([2, 2, 2], [1, 1, 1], 0) == [3, 6, 9]
+    assert K.pipeline([2, 2, 2], [1, 1, 1], 1) == [3, 5, 7]
+    assert K.pipeline([1, 3, 1], [2, 2, 2], 2)[-1] <= K.pipeline([1, 3, 1], [2, 2, 2], 1)[-1]
+
+
+@needs_tiny
+def test_the_engines_histogram_accounts_for_every_pass():
+    from bppo_kit.core import SamplingParams
+    from bppo_kit.policy import load_policy
+    from bppo_kit.rollout import KitEngine
+    model, tok = load_policy("tiny")
+    eng = KitEngine(model, tok, max_slots=6)
+    prompts = [tok(f"Q: {i}+{i}\nA:").input_ids for i in range(10)]
+    eng.generate(prompts, 2, SamplingParams(max_new_tokens=40, seed=0))
+    st, hist = eng.stats, eng.stats["rows_hist"]
+    assert sum(n for n, _ in hist.values()) == st["decode_steps"]
+    assert sum(r * n for r, (n, _) in hist.items()) == st["busy_slot_steps"]
+    assert sum(c for _, c in hist.values()) == st["kv_read_tokens"] > 0
+    assert max(hist) <= 6 and st["requests"] == 20 and st["prefill_tokens"] >= sum(map(len, prompts))
+
+
+@needs_tiny
+@pytest.mark.slow
+def test_bppo_cost_on_a_run_and_a_comparison(tmp_path):
+    sets = [x for o in SMALL for x in ("--set", o)]
+    run = tmp_path / "run"
+    r = subprocess.run(bppo_cmd() + ["train", "--preset", "cpu-demo", "--algo", "grpo", "--steps", "2", "--out",
+                                     str(run), "--quiet", *sets], capture_output=True, text=True, cwd=ROOT,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    r = subprocess.run(bppo_cmd() + ["cost", str(run), "--gpu", "H200", "--async", "1"], capture_output=True,
+                       text=True, cwd=ROOT, timeout=300)
+    assert r.returncode == 0 and "| run |" in r.stdout and "H200" in r.stdout, r.stderr[-2000:]
+    c = json.loads((run / "cost.json").read_text())
+    assert c["predicted"] and c["trace"] == "passes" and c["staleness"] == 1 and len(c["steps"]) == 2
+    for s in c["steps"]:
+        assert {"decode_s", "prefill_s", "update_s", "sync_s", "ops_per_byte", "gpu_s"} <= set(s)
+        assert s["decode_s"] > 0 and s["update_s"] > 0 and s["ops_per_byte"] > 0
+    assert c["summary"]["total_s"] == pytest.approx(sum(s["gpu_s"] for s in c["steps"]))
+    bad = subprocess.run(bppo_cmd() + ["cost", str(tmp_path / "none"), "--gpu", "H100"], capture_output=True,
+                         text=True, cwd=ROOT, timeout=120)
+    assert bad.returncode == 2 and "neither a run folder" in bad.stderr and bad.stderr.count("\n") == 1, bad.stderr
+
+
+def test_plan_prints_predicted_seconds():
+    r = subprocess.run(bppo_cmd() + ["plan", "--preset", "math-qwen2.5-1.5b", "--gpu", "A100"], capture_output=True,
+                       text=True, cwd=ROOT, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    line = r.stdout.strip().splitlines()[-1]
+    assert line.startswith("predicted seconds per step on 1 x A100") and "decode" in line and "update" in line
+
+
+def test_a_comparison_reads_predicted_gpu_seconds(tmp_path):
+    "cost.json's per-step gpu_s is a unit of the report like the others: totals, curves, the GPU column"
+    from bppo_kit.compare import accuracy_curve, metric_rows, run_summary
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("".join(json.dumps(dict(step=i, wall_s=1.0)) + "\n" for i in range(3)))
+    (run / "eval.jsonl").write_text('{"step": 0, "accuracy": 0.5}\n{"step": 3, "accuracy": 0.7}\n')
+    (run / "cost.json").write_text(json.dumps(dict(steps=[dict(step=i, gpu_s=0.25) for i in range(3)])))
+    assert [r["gpu_s"] for r in metric_rows(run)] == [0.25] * 3
+    assert run_summary(run)["total_gpu_s"] == 0.75
+    assert accuracy_curve(run, "gpu_s") == [(0.0, 0.5), (0.75, 0.7)]
