@@ -1,6 +1,6 @@
-"""What one 10-minute GPU lease can tell about the kit's GPU path: one command, at most 8 minutes, one JSON.
+"""What one GPU lease can tell about the kit's GPU path: one command, at most 9 minutes, one JSON.
 
-    PYTHONPATH=. python3 benchmarks/gpu_check.py --out $OUT/gpu_check.json        # one CUDA GPU (H200: < 8 minutes)
+    PYTHONPATH=. python3 benchmarks/gpu_check.py --out $OUT/gpu_check.json        # one CUDA GPU (H200: < 9 minutes)
     OMP_NUM_THREADS=2 PYTHONPATH=. python3 benchmarks/gpu_check.py --smoke --out runs/gpu_check_smoke.json  # CPU
 
 On one CUDA GPU the full run shows, in at most 8 minutes and on random-weight Qwen2.5 shapes (no hub, no network):
@@ -47,6 +47,12 @@ records `checks` (name -> bool); the run exits 1 if a section failed or a check 
    tokens' logits tie within bfloat16's rounding, so each divergence is reported with its logit gap (the model's own
    forward at that point) and passes when the gap is within 2% of the largest logit.
 
+7. `cost`: the cost model's predictions (`bppo_kit.cost`, lesson 23b) beside measured points at the 0.5B shape in
+   bfloat16: one `KitEngine` decoding pass (`SlotModel.decode`) of 1, 16, 64 and 256 rows at 512 cached tokens each
+   (median of 5, after a warm-up), and one forward + backward + AdamW step over 4,096 and 8,192 positions (float32
+   masters under bf16 autocast), each with its relative error; the GPU is priced as the card the name says (H100 if
+   none matches). Only that the points were measured is a check: the errors are the calibration, not a verdict.
+
 `--smoke` runs the same code on the CPU at tiny shapes (an 8,192-row vocabulary; the Triton kernels under Triton's
 interpreter; `memory` with the chunked loss) in one to two minutes: `tests/test_gpu_check.py` runs it, so that this
 script cannot rot. Its figures only show that the code runs.
@@ -63,18 +69,19 @@ sys.path.insert(0, str(HERE.parent / "examples" / "plugins"))
 if "--smoke" in sys.argv[1:]: os.environ.setdefault("TRITON_INTERPRET", "1")
 import torch  # noqa: E402
 
-SECTIONS = ("preflight", "triton", "kernel", "memory", "train", "engine")
-FULL = dict(budget_s=460,  # caps in seconds at this budget; --budget-s scales them
-            caps=dict(preflight=45, triton=60, kernel=60, memory=55, train=140, engine=100),
+SECTIONS = ("preflight", "triton", "kernel", "memory", "train", "engine", "cost")
+FULL = dict(budget_s=500,  # caps in seconds at this budget; --budget-s scales them
+            caps=dict(preflight=45, triton=60, kernel=60, memory=55, train=140, engine=100, cost=40),
             triton=dict(N=4096, H=1536, V=151936, seq=1024),
             kernel=dict(N=16384, H=1536, V=151936, seq=1024, repeats=3),
             memory=dict(size="1.5b", vocab=None, tokens=(1024, 2048), prompt=256, micro_batch=4, batches=2,
                         kernel="auto"),
             train=dict(size="0.5b", vocab=None, prompts=16, group=8, max_new=512, micro_batch=16),
             engine=dict(size="1.5b", vocab=None, prompt_tokens=1536, prompts=32, n=4, max_new=512, greedy_prompts=4,
-                        greedy_new=64, greedy_dtypes=("bfloat16", "float32")))
-SMOKE = dict(budget_s=270,
-             caps=dict(preflight=40, triton=40, kernel=30, memory=30, train=90, engine=40),
+                        greedy_new=64, greedy_dtypes=("bfloat16", "float32")),
+            cost=dict(size="0.5b", vocab=None, rows=(1, 16, 64, 256), context=512, repeats=5, update=(4096, 8192)))
+SMOKE = dict(budget_s=300,
+             caps=dict(preflight=40, triton=40, kernel=30, memory=30, train=90, engine=40, cost=30),
              triton=dict(N=96, H=32, V=1000, seq=32),
              kernel=dict(N=128, H=32, V=1024, seq=64, repeats=1),
              # chunked: Triton's interpreter would take a minute at these token counts (train runs it)
@@ -82,7 +89,8 @@ SMOKE = dict(budget_s=270,
                          kernel="chunked"),
              train=dict(size="tiny", vocab=8192, prompts=2, group=4, max_new=8, micro_batch=8),
              engine=dict(size="tiny", vocab=8192, prompt_tokens=48, prompts=2, n=2, max_new=16, greedy_prompts=3,
-                         greedy_new=16, greedy_dtypes=("float32",)))
+                         greedy_new=16, greedy_dtypes=("float32",)),
+             cost=dict(size="tiny", vocab=8192, rows=(1, 4), context=16, repeats=2, update=(64, 128)))
 # relative max errors against float64 (the kernels lesson's bounds) and between two runs of the same kernels
 TOLERANCE = {"float32": dict(loss=1e-4, grad=1e-4, repeat=1e-5),
              "bfloat16": dict(loss=1e-4, grad=1e-2, repeat=2 ** -7)}  # repeat: one bfloat16 rounding step
@@ -100,7 +108,8 @@ for name in sys.argv[1:]:
     except BaseException as e: out[name] = f"missing ({type(e).__name__}: {e})"[:200]
 print(json.dumps(out))"""
 KIT_MODULES = ("bppo_kit.config", "bppo_kit.data", "bppo_kit.kernels", "bppo_kit.policy", "bppo_kit.shapes",
-               "bppo_kit.rollout", "bppo_kit.update", "bppo_kit.runs", "bppo_kit.trainer", "coin_rewards",
+               "bppo_kit.rollout", "bppo_kit.update", "bppo_kit.runs", "bppo_kit.trainer", "bppo_kit.cost",
+               "coin_rewards",
                "loss_kernel")
 
 class SectionTimeout(Exception):
@@ -529,6 +538,66 @@ def engine_section(P: dict, dev: str, res: dict):
                                                                         for r in g["rows"])
         free(dev)
 
+# --------------------------------------------------------------------------------------------------------- 7. cost
+def synced(dev: str):
+    "Wait for the device (a GPU's queued work) before reading a clock"
+    if dev.startswith("cuda"): torch.cuda.synchronize()
+
+def pass_seconds(lm, rows: int, context: int, repeats: int, dev: str) -> float:
+    "Median seconds of one `SlotModel.decode` pass of `rows` slots, each at position `context` (prefilled first)"
+    lm.prefill([[7] * context] * rows, 0)
+    times = []
+    for i in range(repeats + 1):  # the first is a warm-up
+        synced(dev)
+        t0 = time.perf_counter()
+        lm.decode([7] * rows, [context + i] * rows)
+        synced(dev)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times[1:])
+
+def update_step_seconds(model, tokens: int, dev: str) -> float:
+    "Seconds of one forward + backward over `tokens` positions (sequences of 512) and an AdamW step, bf16 autocast"
+    L = min(512, tokens)
+    x = torch.randint(0, model.config.vocab_size, (tokens // L, L), device=dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
+    for i in range(2):  # the first allocates AdamW's state: a warm-up
+        synced(dev)
+        t0 = time.perf_counter()
+        with torch.autocast(dev.split(":")[0], dtype=torch.bfloat16):
+            loss = model(input_ids=x, use_cache=False).logits.float().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        synced(dev)
+        if i: return time.perf_counter() - t0
+
+def cost_section(P: dict, dev: str, res: dict):
+    "The cost model's points (bppo_kit.cost) beside measured ones: decoding passes by rows, an update by tokens"
+    from bppo_kit.cost import GPUS, decode_pass_seconds, update_seconds
+    from bppo_kit.plan import arch_of
+    from bppo_kit.rollout import SlotModel
+    c = P["cost"]
+    name = torch.cuda.get_device_name() if dev.startswith("cuda") else "cpu"
+    gpu = next((k for k in GPUS if k in name), "H100")  # the CPU (smoke) is priced as an H100: numbers only
+    model = random_model(c["size"], "bfloat16", dev, c["vocab"])
+    arch = arch_of(model.config)
+    lm = SlotModel(model)
+    lm.reserve(max(c["rows"]), c["context"] + c["repeats"] + 2)
+    res.update(device=name, priced_as=gpu, points=[])
+    for r in c["rows"]:
+        got = pass_seconds(lm, r, c["context"], c["repeats"], dev)
+        want = decode_pass_seconds(arch, gpu, r, r * (c["context"] + 1))
+        res["points"].append(dict(phase="decode pass", rows=r, measured_s=got, predicted_s=want, error=want / got - 1))
+    free(dev)
+    model = random_model(c["size"], "float32", dev, c["vocab"])  # float32 masters, bf16 autocast: as the trainer
+    for n in c["update"]:
+        got = update_step_seconds(model, n, dev)
+        want = update_seconds(arch, gpu, n)
+        res["points"].append(dict(phase="update", tokens=n, measured_s=got, predicted_s=want, error=want / got - 1))
+    res["worst_error"] = max(abs(p["error"]) for p in res["points"])
+    res["within_25_percent"] = res["worst_error"] <= 0.25
+    res["checks"] = dict(measured=all(finite(p["measured_s"]) and p["measured_s"] > 0 for p in res["points"]))
+
 # ------------------------------------------------------------------------------------------------------ the runner
 def write(result: dict, out: Path):
     "The JSON, replaced atomically: a run killed at any point leaves the last whole one"
@@ -600,6 +669,10 @@ def summary(result: dict) -> str:
     for dt, g in eng.get("greedy", {}).items():
         lines.append(f"engine     greedy {dt}: identical {g['identical_fraction']:.2f}, first divergence "
                      f"{g['first_divergence']}")
+    for p in s.get("cost", {}).get("points", []):
+        what = f"{p['rows']} rows" if "rows" in p else f"{p['tokens']} tokens"
+        lines.append(f"cost       {p['phase']:11s} {what:11s} measured {p['measured_s'] * 1e3:8.2f} ms  predicted "
+                     f"{p['predicted_s'] * 1e3:8.2f} ms  error {p['error']:+.0%}")
     lines.append("failed: " + (", ".join(result["failed"]) or "nothing"))
     return "\n".join(lines)
 
@@ -608,7 +681,7 @@ def main(argv=None):
     ap.add_argument("--out", default="gpu_check.json", help="the JSON result")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (the test's mode)")
     ap.add_argument("--budget-s", type=float, default=None,
-                    help="total time budget; each section gets its share (default: 460 s, smoke 270 s)")
+                    help="total time budget; each section gets its share (default: 500 s, smoke 300 s)")
     ap.add_argument("--only", default=",".join(SECTIONS[1:]), help="comma-separated sections after the preflight")
     a = ap.parse_args(argv)
     P, dev = (SMOKE, "cpu") if a.smoke else (FULL, "cuda")
@@ -619,7 +692,8 @@ def main(argv=None):
                   smoke=a.smoke, budget_s=budget, sections={})
     fns = dict(preflight=lambda r: preflight(P, dev, a.smoke, r), triton=lambda r: triton_section(P, dev, r),
                kernel=lambda r: kernel_section(P, dev, r), memory=lambda r: memory_section(P, dev, r),
-               train=lambda r: train_section(P, dev, r), engine=lambda r: engine_section(P, dev, r))
+               train=lambda r: train_section(P, dev, r), engine=lambda r: engine_section(P, dev, r),
+               cost=lambda r: cost_section(P, dev, r))
     try:
         for name in ["preflight"] + [n for n in a.only.split(",") if n and n != "preflight"]:
             run_section(name, fns[name], result, deadline, P["caps"][name] * scale, out)

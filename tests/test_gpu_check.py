@@ -33,7 +33,8 @@ def test_every_section_ok(smoke):
     assert res["smoke"] is True and _finite(res["total_s"]) and res["failed"] == []
     s = res["sections"]
     assert {k: v["status"] for k, v in s.items()} == dict.fromkeys(
-        ("preflight", "triton", "kernel", "memory", "train", "engine"), "ok"), {k: v.get("error") for k, v in s.items()}
+        ("preflight", "triton", "kernel", "memory", "train", "engine", "cost"), "ok"), \
+        {k: v.get("error") for k, v in s.items()}
     for name, sec in s.items():
         assert _finite(sec["seconds"]) and sec["checks"] and all(sec["checks"].values()), (name, sec["checks"])
     assert "failed: nothing" in r.stdout
@@ -128,3 +129,15 @@ def test_full_mode_stops_without_cuda(tmp_path):
     res = json.loads(out.read_text())
     assert res["sections"]["preflight"]["status"] == "stopped" and res["failed"] == ["preflight (stopped)"]
     assert set(res["sections"]) == {"preflight"} and res["sections"]["preflight"]["torch"] == torch.__version__
+
+
+def test_cost_points_beside_the_model(smoke):
+    "The cost section measures each point and sets the cost model's prediction beside it (CPU: numbers only)"
+    c = smoke[1]["sections"]["cost"]
+    decode = [p for p in c["points"] if p["phase"] == "decode pass"]
+    update = [p for p in c["points"] if p["phase"] == "update"]
+    assert [p["rows"] for p in decode] == [1, 4] and [p["tokens"] for p in update] == [64, 128]
+    for p in c["points"]:
+        assert _finite(p["measured_s"]) and p["measured_s"] > 0 and _finite(p["predicted_s"]) and p["predicted_s"] > 0
+        assert p["error"] == pytest.approx(p["predicted_s"] / p["measured_s"] - 1)
+    assert c["priced_as"] == "H100" and c["checks"] == {"measured": True}
