@@ -97,6 +97,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                   'bppo_kit.compare.crossing': ('compare.html#crossing', 'bppo_kit/compare.py'),
                                   'bppo_kit.compare.equal_cost_figure': ('compare.html#equal_cost_figure', 'bppo_kit/compare.py'),
                                   'bppo_kit.compare.fractions_table': ('compare.html#fractions_table', 'bppo_kit/compare.py'),
+                                  'bppo_kit.compare.gpu_lines': ('compare.html#gpu_lines', 'bppo_kit/compare.py'),
                                   'bppo_kit.compare.interpolate': ('compare.html#interpolate', 'bppo_kit/compare.py'),
                                   'bppo_kit.compare.is_accuracy': ('compare.html#is_accuracy', 'bppo_kit/compare.py'),
                                   'bppo_kit.compare.loaded': ('compare.html#loaded', 'bppo_kit/compare.py'),

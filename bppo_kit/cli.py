@@ -121,7 +121,7 @@ def cmd_compare(args, cfg: Config) -> int:
     "`compare` of `--algos` over `--seeds` (with `--budget`: at the baseline's cost); prints `report.md`"
     from bppo_kit.compare import BUDGET_UNITS, compare, parse_seeds, report_folder
     if args.report_only:
-        report_folder(args.out)
+        report_folder(args.out, args.unit)
         print((Path(args.out) / "report.md").read_text())
         return 0
     if args.budget is not None and args.budget not in BUDGET_UNITS:
@@ -147,24 +147,24 @@ def cmd_plan(args, cfg: Config) -> int:
     from bppo_kit.cost import gpu_of, plan_seconds
     p = plan(cfg, args.gpus, args.gpu_memory, args.shard)
     if not p.fits: raise ConfigError(p.advice)
-    print(p.table())
     s = plan_seconds(cfg, args.gpu, args.gpus)
     phases = ", ".join(f"{k[:-2]} {s[k]:.3g}" for k in ("decode_s", "prefill_s", "update_s", "sync_s"))
     print(f"predicted seconds per step on {args.gpus} x {gpu_of(args.gpu).name} (an upper bound: every "
           f"response max_new_tokens long; not measured): {phases}")
+    print(p.table())  # its last line: the verdict
     return 0
 
 def cmd_cost(args, cfg: Config) -> int:
     "A run folder, or every run of a comparison folder's last design, priced on a GPU: `cost.json`; a table"
-    from bppo_kit.compare import price_folder, read_designs
+    from bppo_kit.compare import gpu_lines, price_folder, read_designs
     from bppo_kit.cost import cost_lines, write_cost
     path, own = Path(args.path), {"vllm": True, "kit": False}.get(args.engine)
     if not (path / "metrics.jsonl").is_file() and not read_designs(path):
         raise DataError(f"cost: {path} is neither a run folder (metrics.jsonl) nor a comparison folder")
     kw = dict(model=args.model, gpu=args.gpu, gpus=args.gpus, k=args.async_k, own_weights=own)
     if read_designs(path):
-        preds, _ = price_folder(path, **kw)
-        print("\n".join(cost_lines(preds)) + "\n\n" + (path / "report.md").read_text())
+        preds, rep = price_folder(path, **kw)
+        print("\n".join(cost_lines(preds) + [""] + gpu_lines(rep)))
     else: print("\n".join(cost_lines({path.name: write_cost(path, **kw)})))
     return 0
 

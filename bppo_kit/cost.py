@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
 from .config import Config, ConfigError, load_config
+from .core import engine_caps
 from .plan import Arch, arch_of, model_config
 from .runs import read_jsonl_rows
 
@@ -148,7 +149,7 @@ def predict_run(run: Path, model, gpu, gpus: int = 1, k: int = 0, own_weights: b
     m = read_jsonl_rows(Path(run) / "metrics.jsonl")
     if not m: raise ConfigError(f"cost: no metrics.jsonl rows in {run}")
     cfg = load_config(Path(run) / "config.yaml")
-    own = (cfg.rollout.engine == "vllm") if own_weights is None else own_weights
+    own = engine_caps(cfg).own_weights if own_weights is None else own_weights
     steps = [step_cost(r, model, gpu, own, cfg.model.gradient_checkpointing, gpus, eff) for r in m]
     rollout = [s["decode_s"] + s["prefill_s"] + s["sync_s"] for s in steps]
     update = [s["update_s"] for s in steps]
@@ -186,7 +187,7 @@ def config_step(cfg: Config) -> dict:
 
 def plan_seconds(cfg: Config, gpu, gpus: int = 1, eff: Efficiency = ASSUMED) -> dict:
     "Predicted seconds per step by phase (an upper bound, `config_step`) of `cfg`'s model on `gpus` x `gpu`"
-    return step_cost(config_step(cfg), cfg.model.name_or_path, gpu, cfg.rollout.engine == "vllm",
+    return step_cost(config_step(cfg), cfg.model.name_or_path, gpu, engine_caps(cfg).own_weights,
                      cfg.model.gradient_checkpointing, gpus, eff)
 
 # %% ../nbs/23b_cost.ipynb #4f3f6eef

@@ -26,12 +26,11 @@ __all__ = ['GIB', 'KNOWN_SHAPES', 'CONTEXT_GIB', 'SHARDS', 'SETUPS', 'model_conf
 # %% ../nbs/21_plan.ipynb #57e19105
 GIB = 2 ** 30
 _MATH = dict(max_position_embeddings=4096, rope_theta=10000.0)
-_UNTIED = dict(tie_word_embeddings=False)  # 7B and larger: the LM head is a matrix of its own
 # hub ids read without the hub: the Qwen2.5 shapes of the shapes lesson, and the fields where a variant differs
 KNOWN_SHAPES = {"Qwen/Qwen2.5-0.5B": ("0.5b", {}), "Qwen/Qwen2.5-0.5B-Instruct": ("0.5b", {}),
                 "Qwen/Qwen2.5-1.5B": ("1.5b", {}), "Qwen/Qwen2.5-1.5B-Instruct": ("1.5b", {}),
                 "Qwen/Qwen2.5-Math-1.5B": ("1.5b", _MATH), "Qwen/Qwen2.5-Math-1.5B-Instruct": ("1.5b", _MATH),
-                **{f"Qwen/Qwen2.5-{n}{i}": (n.lower(), _UNTIED) for n in ("7B", "32B") for i in ("", "-Instruct")}}
+                **{f"Qwen/Qwen2.5-{n}{i}": (n.lower(), {}) for n in ("7B", "32B") for i in ("", "-Instruct")}}
 
 def model_config(name_or_path: str): # a hub id, a local checkpoint folder (a LoRA adapter's too), or "tiny"
     ("The transformers config of `model.name_or_path`: a known hub id's shape, else `AutoConfig` (a folder, "

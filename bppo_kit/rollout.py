@@ -57,7 +57,7 @@ class HFEngine(Engine):
 
     def __init__(self, model, tok, max_batch: int = MAX_BATCH, progress: bool = False):
         self.model, self.tok, self.max_batch, self.progress = model, tok, max_batch, progress
-        self.stats = dict(generated_tokens=0, seconds=0.0, calls=0)
+        self.stats = dict(generated_tokens=0, seconds=0.0, calls=0, requests=0)
 
     @classmethod
     def memory(cls, cfg, seqs: int, seq_tokens: int, kv_per_token: int, weight_bytes: int,
@@ -104,7 +104,7 @@ def generate(self: HFEngine, prompts: list[str | list[int]], # text, or token id
     self.stats["seconds"] += time.time() - t0
     self.stats["calls"] += 1
     self.stats["generated_tokens"] += sum(c.n_tokens for c in out)
-    self.stats["requests"] = self.stats.get("requests", 0) + len(out)
+    self.stats["requests"] += len(out)
     return out
 
 # %% ../nbs/07_rollout.ipynb #a766519c
@@ -119,7 +119,7 @@ class HFBatchEngine(Engine):
         if not hf_batch_available(model):
             raise ImportError("this transformers has no generate_batch; upgrade transformers or use HFEngine")
         self.model, self.tok, self.progress = model, tok, progress
-        self.stats = dict(generated_tokens=0, seconds=0.0, calls=0)
+        self.stats = dict(generated_tokens=0, seconds=0.0, calls=0, requests=0)
 
 # %% ../nbs/07_rollout.ipynb #9333ff54
 @patch
@@ -160,7 +160,7 @@ def generate(self: HFBatchEngine,
     self.stats["seconds"] += time.time() - t0
     self.stats["calls"] += 1
     self.stats["generated_tokens"] += sum(c.n_tokens for c in cs)
-    self.stats["requests"] = self.stats.get("requests", 0) + len(cs)
+    self.stats["requests"] += len(cs)
     return cs
 
 # %% ../nbs/07_rollout.ipynb #70994e68
@@ -563,7 +563,7 @@ class KitEngine(Engine):
         self.max_slots, self.prefill_batch = max_slots, prefill_batch
         self.lm = SlotModel(model)
         self.stats = dict(generated_tokens=0, seconds=0.0, calls=0, decode_steps=0, prefills=0, slot_steps=0,
-                          busy_slot_steps=0, prefill_tokens=0, kv_read_tokens=0, rows_hist={})
+                          busy_slot_steps=0, prefill_tokens=0, kv_read_tokens=0, requests=0, rows_hist={})
 
     @classmethod
     def from_config(cls, cfg, model, tok, dist=None, progress: bool = False):
@@ -612,7 +612,7 @@ def run(self: KitEngine, requests: list[Request], sampling: SamplingParams | Non
     self.stats["seconds"] += time.time() - t0
     self.stats["calls"] += 1
     self.stats["generated_tokens"] += sum(c.n_tokens - len(r.prefix) for c, r in zip(b.out, requests))
-    self.stats["requests"] = self.stats.get("requests", 0) + len(requests)
+    self.stats["requests"] += len(requests)
     return b.out
 
 # %% ../nbs/07_rollout.ipynb #de403b6c
@@ -826,7 +826,7 @@ def __init__(self: VLLMEngine, model, tok, model_path: str, # a checkpoint folde
     self.last_sync = None  # how the last `sync_weights` reached the engine's model
     self.asleep: set[str] = set()  # what sleep mode has taken off the device: "weights", "kv_cache"
     self.stale = False  # the weights were discarded by `sleep()` and not pushed again yet
-    self.stats = dict(generated_tokens=0, seconds=0.0, calls=0, syncs=0)
+    self.stats = dict(generated_tokens=0, seconds=0.0, calls=0, requests=0, syncs=0)
 
 # %% ../nbs/07_rollout.ipynb #43fd1146
 @patch
@@ -931,5 +931,5 @@ def generate(self: VLLMEngine,
     self.stats["seconds"] += time.time() - t0
     self.stats["calls"] += 1
     self.stats["generated_tokens"] += sum(c.n_tokens for c in cs)
-    self.stats["requests"] = self.stats.get("requests", 0) + len(cs)
+    self.stats["requests"] += len(cs)
     return cs

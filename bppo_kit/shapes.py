@@ -86,11 +86,11 @@ QWEN2_5 = {  # size -> the shape; the rest is common to all sizes (see qwen2_5_c
                  intermediate_size=8960, vocab_size=151936),
     "tiny": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                  intermediate_size=224, vocab_size=151936),  # the same kind, small enough for CPU tests
-    # the larger sizes (their hub config.json; untied LM heads: `tie_word_embeddings=False`), for the cost model
+    # the larger sizes (their hub config.json, LM heads untied), for the cost model
     "7b": dict(hidden_size=3584, num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
-               intermediate_size=18944, vocab_size=152064),
+               intermediate_size=18944, vocab_size=152064, tie_word_embeddings=False),
     "32b": dict(hidden_size=5120, num_hidden_layers=64, num_attention_heads=40, num_key_value_heads=8,
-                intermediate_size=27648, vocab_size=152064),
+                intermediate_size=27648, vocab_size=152064, tie_word_embeddings=False),
 }
 
 def qwen2_5_config(size: str = "0.5b", # a key of `QWEN2_5`
@@ -99,7 +99,7 @@ def qwen2_5_config(size: str = "0.5b", # a key of `QWEN2_5`
                    **overrides) -> Qwen2Config: # any other Qwen2Config field
     "The `Qwen2Config` of Qwen2.5 at `size`"
     if size not in QWEN2_5: raise ValueError(f"size must be one of {', '.join(QWEN2_5)}, got {size!r}")
-    kw = dict(QWEN2_5[size], tie_word_embeddings=True, rms_norm_eps=1e-6, rope_theta=1e6, hidden_act="silu",
+    kw = dict(dict(tie_word_embeddings=True) | QWEN2_5[size], rms_norm_eps=1e-6, rope_theta=1e6, hidden_act="silu",
               max_position_embeddings=32768, use_sliding_window=False, attention_dropout=0.0)
     kw["max_window_layers"] = kw["num_hidden_layers"]
     if tok is not None: kw.update(pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
