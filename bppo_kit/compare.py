@@ -741,14 +741,15 @@ def price_folder(out, model: str, gpu: str, gpus: int = 1, k: int = 0, # k: asyn
     return preds, report_folder(out)
 
 def gpu_lines(rep: dict) -> list[str]:
-    "Markdown lines: each arm's predicted GPU seconds in all and to the baseline's final accuracy less 0/1/2 points"
+    "Markdown lines: each arm's predicted GPU seconds in all and to the baseline's final accuracy less 0/1/2 pt"
     n, tols = len(rep["design"]["seeds"]), sorted(set(TOLERANCES) | {rep["design"]["tolerance"]})
     base = rep["arms"][rep["design"]["baseline"]].get("total_gpu_s")
     head = " | ".join(f"to final − {_key(100 * t)} pt, GPU s" for t in tols)
     lines = [f"| arm | GPU s (predicted) | {head} |", "|---" * (len(tols) + 2) + "|"]
     for name, a in rep["arms"].items():
         # a fraction of the baseline's total: in seconds, at the baseline's mean total
-        to = [(a.get(f"to_target_{_key(100 * t)}pt_gpu_s"), f"to_target_{_key(100 * t)}pt_gpu_s") for t in tols]
+        keys = [f"to_target_{_key(100 * t)}pt_gpu_s" for t in tols]
+        to = [(a.get(k), k) for k in keys]
         cells = [f"{s['mean'] * base['mean']:.3g} ({s['mean']:.2f}x)" + _seen(rep["arms"], name, k, n)
                  if s and base else "never" for s, k in to]
         lines.append(f"| {name} | {_cell(a.get('total_gpu_s'))} | " + " | ".join(cells) + " |")

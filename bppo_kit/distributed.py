@@ -229,7 +229,8 @@ def reduce_metrics(dist: Dist, row: dict, summed: set | tuple = ()) -> dict:
      "not None")
     if dist.world == 1: return dict(row)
     keys = sorted(k for k, v in row.items() if isinstance(v, (int, float)) or v is None)
-    if (ks := dist.gather(keys)) and any(k != keys for k in ks):  # one all-reduce over different lists would abort
+    # one all-reduce over lists of different lengths would abort the processes
+    if (ks := dist.gather(keys)) and any(k != keys for k in ks):
         raise RuntimeError(f"reduce_metrics: the ranks hold different metrics: {ks}")
     vals = dist.sum([x for k in keys for x in ((row[k] or 0.0), row[k] is not None)])
     out = dict(row)

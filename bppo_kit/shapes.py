@@ -99,7 +99,8 @@ def qwen2_5_config(size: str = "0.5b", # a key of `QWEN2_5`
                    **overrides) -> Qwen2Config: # any other Qwen2Config field
     "The `Qwen2Config` of Qwen2.5 at `size`"
     if size not in QWEN2_5: raise ValueError(f"size must be one of {', '.join(QWEN2_5)}, got {size!r}")
-    kw = dict(dict(tie_word_embeddings=True) | QWEN2_5[size], rms_norm_eps=1e-6, rope_theta=1e6, hidden_act="silu",
+    kw = dict(tie_word_embeddings=True) | QWEN2_5[size]
+    kw |= dict(rms_norm_eps=1e-6, rope_theta=1e6, hidden_act="silu",
               max_position_embeddings=32768, use_sliding_window=False, attention_dropout=0.0)
     kw["max_window_layers"] = kw["num_hidden_layers"]
     if tok is not None: kw.update(pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
