@@ -157,15 +157,17 @@ def cmd_plan(args, cfg: Config) -> int:
 def cmd_cost(args, cfg: Config) -> int:
     "A run folder, or every run of a comparison folder's last design, priced on a GPU: `cost.json`; a table"
     from bppo_kit.compare import gpu_lines, price_folder, read_designs
-    from bppo_kit.cost import cost_lines, write_cost
+    from bppo_kit.cost import cost_lines, length_scale, write_cost
     path, own = Path(args.path), {"vllm": True, "kit": False}.get(args.engine)
     if not (path / "metrics.jsonl").is_file() and not read_designs(path):
         raise DataError(f"cost: {path} is neither a run folder (metrics.jsonl) nor a comparison folder")
     kw = dict(model=args.model, gpu=args.gpu, gpus=args.gpus, k=args.async_k, own_weights=own)
     if read_designs(path):
-        preds, rep = price_folder(path, **kw)
+        preds, rep = price_folder(path, mean_length=args.mean_length, **kw)
         print("\n".join(cost_lines(preds) + [""] + gpu_lines(rep)))
-    else: print("\n".join(cost_lines({path.name: write_cost(path, **kw)})))
+    else:
+        f = length_scale([path], args.mean_length) if args.mean_length else 1.0
+        print("\n".join(cost_lines({path.name: write_cost(path, scale=f, **kw)})))
     return 0
 
 # %% ../nbs/27_cli.ipynb #1a8e7243
@@ -307,6 +309,8 @@ def _cost_args(sub):
                     help="asynchronous rollouts: weights at most K updates old (0: in turn)")
     co.add_argument("--engine", choices=["run", "kit", "vllm"], default="run",
                     help="price the weight sync of this engine (run: the run's own)")
+    co.add_argument("--mean-length", type=float, metavar="TOKENS",
+                    help="price every response scaled so the mean (a comparison: its baseline's) is TOKENS long")
     co.set_defaults(preset="cpu-demo", config=None, overrides=[])
     return co
 

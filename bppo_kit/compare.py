@@ -730,14 +730,18 @@ def report_folder(out, unit: str | None = None) -> dict: # unit: the verdicts' (
 
 # %% ../nbs/26_compare.ipynb #0e405b1d
 def price_folder(out, model: str, gpu: str, gpus: int = 1, k: int = 0, # k: asynchronous rollouts' staleness
-                 own_weights: bool | None = None) -> tuple: # the engine keeps its own weights (None: the run's)
+                 own_weights: bool | None = None, # the engine keeps its own weights (None: the run's)
+                 mean_length: float | None = None) -> tuple: # the baseline's mean response, scaled to this
     "Every run of `out`'s last design priced on a GPU (`cost.json` each), the report rebuilt: (predictions, report)"
-    from bppo_kit.cost import write_cost
+    from bppo_kit.cost import length_scale, write_cost
     designs = read_designs(Path(out))
     if not designs: raise ConfigError(f"cost: no design.json in {out}: a run folder or a comparison folder")
     d = designs[-1]
-    preds = {f"{v}-s{s}": write_cost(Path(out) / f"{v}-s{s}", model=model, gpu=gpu, gpus=gpus, k=k,
-                                     own_weights=own_weights) for v in d["variants"] for s in d["seeds"]}
+    runs = {f"{v}-s{s}": Path(out) / f"{v}-s{s}" for v in d["variants"] for s in d["seeds"]}
+    base = [Path(out) / f"{d['baseline']}-s{s}" for s in d["seeds"]]
+    f = length_scale(base, mean_length) if mean_length else 1.0  # one f for every arm: lengths stay relative
+    preds = {name: write_cost(run, model=model, gpu=gpu, gpus=gpus, k=k, own_weights=own_weights, scale=f)
+             for name, run in runs.items()}
     return preds, report_folder(out)
 
 def gpu_lines(rep: dict) -> list[str]:

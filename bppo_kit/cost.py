@@ -15,8 +15,8 @@ from .runs import read_jsonl_rows
 
 # %% auto #0
 __all__ = ['GPUS', 'ASSUMED', 'PHASES', 'GPU', 'gpu_of', 'Efficiency', 'shape', 'decode_pass', 'decode_pass_seconds',
-           'prefill_seconds', 'update_seconds', 'sync_seconds', 'coarse_passes', 'step_cost', 'pipeline', 'predict_run',
-           'write_cost', 'config_step', 'plan_seconds', 'cost_lines']
+           'prefill_seconds', 'update_seconds', 'sync_seconds', 'coarse_passes', 'step_cost', 'scale_lengths',
+           'length_scale', 'pipeline', 'predict_run', 'write_cost', 'config_step', 'plan_seconds', 'cost_lines']
 
 # %% ../nbs/23b_cost.ipynb #04b98caa
 @dataclass(frozen=True)
@@ -129,6 +129,30 @@ def step_cost(row: dict, model, gpu, own_weights: bool = False, checkpointing: b
                 sync_s=sync_seconds(model, gpu, own_weights, eff=eff), decode_flops=flops,
                 decode_bytes=nbytes, ops_per_byte=flops / nbytes if nbytes else None)
 
+# %% ../nbs/23b_cost.ipynb #641545f2
+def scale_lengths(row: dict, f: float) -> dict:
+    "A metrics row as if every response were `f` times as long (same rows per pass, `f` times the passes)"
+    if f == 1: return row
+    n = max(row.get("requests") or 0, 1)
+    P, L = (row.get("prefill_tokens") or 0) / n, (row.get("generated_tokens") or 0) / n  # a request's tokens
+    hist = {}
+    for rows, (passes, ctx) in (row.get("decode_rows") or coarse_passes(row)).items():
+        prompt = min(ctx, passes * int(rows) * P)  # what the rows read of their prompts, the rest generated
+        hist[rows] = [passes * f, f * prompt + f * f * (ctx - prompt)]
+    grow = (P + f * L) / (P + L) if P + L else f  # a trained sequence: its prompt and a response f times as long
+    return row | dict(decode_rows=hist, generated_tokens=(row.get("generated_tokens") or 0) * f,
+                      update_tokens=(row.get("update_tokens") or 0) * grow,
+                      logprob_tokens=(row.get("logprob_tokens") or 0) * grow)
+
+def length_scale(runs: list[Path], mean: float) -> float:
+    "The `f` that makes the mean response of `runs` (their requests over all steps) `mean` tokens long"
+    rows = [r for run in runs for r in read_jsonl_rows(Path(run) / "metrics.jsonl")]
+    n, tokens = sum(r.get("requests") or 0 for r in rows), sum(r.get("generated_tokens") or 0 for r in rows)
+    if mean <= 0: raise ConfigError(f"--mean-length must be > 0; got {mean}")
+    if not n or not tokens: raise ConfigError("--mean-length: these runs record no requests and generated tokens")
+    return mean / (tokens / n)
+
+
 # %% ../nbs/23b_cost.ipynb #a17c922f
 def pipeline(rollout: list[float], update: list[float], k: int = 0) -> list[float]:
     ("When each step's update ends, if step t's rollout may sample from weights at most `k` updates old "
@@ -143,10 +167,10 @@ def pipeline(rollout: list[float], update: list[float], k: int = 0) -> list[floa
 
 # %% ../nbs/23b_cost.ipynb #b0b9dcbe
 def predict_run(run: Path, model, gpu, gpus: int = 1, k: int = 0, own_weights: bool | None = None,
-                eff: Efficiency = ASSUMED) -> dict:
+                eff: Efficiency = ASSUMED, scale: float = 1.0) -> dict: # scale: `scale_lengths`' f
     ("Every step of run folder `run` priced on `gpus` x `gpu` for `model` (None `own_weights`: the run's "
      "engine's), scheduled with staleness `k`")
-    m = read_jsonl_rows(Path(run) / "metrics.jsonl")
+    m = [scale_lengths(r, scale) for r in read_jsonl_rows(Path(run) / "metrics.jsonl")]
     if not m: raise ConfigError(f"cost: no metrics.jsonl rows in {run}")
     cfg = load_config(Path(run) / "config.yaml")
     own = engine_caps(cfg).own_weights if own_weights is None else own_weights
@@ -163,8 +187,8 @@ def predict_run(run: Path, model, gpu, gpus: int = 1, k: int = 0, own_weights: b
                    **{f"{p}_per_step": sum(s[p] for s in steps) / len(steps) for p in PHASES})
     trace = "passes" if all(r.get("decode_rows") for r in m) else "coarse (no pass histogram)"
     return dict(model=model if isinstance(model, str) else "arch", gpu=gpu_of(gpu).name, gpus=gpus,
-                staleness=k, own_weights=own, efficiency=asdict(eff), trace=trace, predicted=True, steps=steps,
-                summary=summary)
+                staleness=k, own_weights=own, efficiency=asdict(eff), trace=trace, lengths_scale=scale,
+                predicted=True, steps=steps, summary=summary)
 
 PHASES = ("decode_s", "prefill_s", "update_s", "sync_s")
 
@@ -191,11 +215,15 @@ def plan_seconds(cfg: Config, gpu, gpus: int = 1, eff: Efficiency = ASSUMED) -> 
                      cfg.model.gradient_checkpointing, gpus, eff)
 
 # %% ../nbs/23b_cost.ipynb #4f3f6eef
+def _scaled(p: dict) -> str:
+    f = p.get("lengths_scale", 1.0)
+    return "" if f == 1 else f", every response {f:.3g}x as long as the run's (`scale_lengths`)"
+
 def cost_lines(preds: dict[str, dict]) -> list[str]: # name -> a `predict_run`
     "Markdown lines: each prediction's seconds per step by phase, totals in turn and asynchronous, intensity"
     first = next(iter(preds.values()))
     lines = [f"Predicted on {first['gpus']} x {first['gpu']} for {first['model']} (not measured; the cost "
-             f"lesson's efficiencies), staleness {first['staleness']}.", "",
+             f"lesson's efficiencies), staleness {first['staleness']}" + _scaled(first) + ".", "",
              "| run | decode s/step | prefill s/step | update s/step | sync s/step | total s | in turn s | "
              "speed-up | rollout share | ops/byte | trace |", "|---" * 11 + "|"]
     for name, p in preds.items():

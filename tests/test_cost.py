@@ -85,6 +85,14 @@ def test_bppo_cost_on_a_run_and_a_comparison(tmp_path):
         assert {"decode_s", "prefill_s", "update_s", "sync_s", "ops_per_byte", "gpu_s"} <= set(s)
         assert s["decode_s"] > 0 and s["update_s"] > 0 and s["ops_per_byte"] > 0
     assert c["summary"]["total_s"] == pytest.approx(sum(s["gpu_s"] for s in c["steps"]))
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    mean = sum(r["generated_tokens"] for r in rows) / sum(r["requests"] for r in rows)
+    r = subprocess.run(bppo_cmd() + ["cost", str(run), "--gpu", "H200", "--async", "1", "--mean-length", "500"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=300)
+    long = json.loads((run / "cost.json").read_text())
+    assert r.returncode == 0 and "as long as the run's" in r.stdout, r.stderr[-2000:]
+    assert long["lengths_scale"] == pytest.approx(500 / mean) and c["lengths_scale"] == 1.0
+    assert long["summary"]["decode_s_per_step"] > 0.9 * (500 / mean) * c["summary"]["decode_s_per_step"]
     bad = subprocess.run(bppo_cmd() + ["cost", str(tmp_path / "none"), "--gpu", "H100"], capture_output=True,
                          text=True, cwd=ROOT, timeout=120)
     assert bad.returncode == 2 and "neither a run folder" in bad.stderr and bad.stderr.count("\n") == 1, bad.stderr
