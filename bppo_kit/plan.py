@@ -17,10 +17,10 @@ from .policy import add_lora, resolve_policy_path
 from .shapes import qwen2_5_config
 
 # %% auto #0
-__all__ = ['GIB', 'KNOWN_SHAPES', 'CONTEXT_GIB', 'SHARDS', 'SETUPS', 'model_config', 'Arch', 'arch_of', 'layer_activations',
-           'shared_activations', 'chunked_tiles', 'loss_path', 'update_moments', 'LiveBytes', 'train_items',
-           'measure_update', 'dtype_bytes', 'loss_kernel_on', 'kv_bytes_per_token', 'step_sizes', 'Row', 'state_rows',
-           'update_rows', 'engine_rows', 'Plan', 'budget', 'with_values', 'advise', 'plan', 'check_fits',
+__all__ = ['GIB', 'KNOWN_SHAPES', 'CONTEXT_GIB', 'SHARDS', 'SAMPLING_COPIES', 'SETUPS', 'model_config', 'Arch', 'arch_of',
+           'layer_activations', 'shared_activations', 'chunked_tiles', 'loss_path', 'update_moments', 'LiveBytes',
+           'train_items', 'measure_update', 'dtype_bytes', 'loss_kernel_on', 'kv_bytes_per_token', 'step_sizes', 'Row',
+           'state_rows', 'update_rows', 'engine_rows', 'Plan', 'budget', 'with_values', 'advise', 'plan', 'check_fits',
            'presets_table']
 
 # %% ../nbs/21_plan.ipynb #57e19105
@@ -371,6 +371,11 @@ def update_rows(cfg: Config, a: Arch, gpus: int = 1, shard: str = "ddp",
         moments["log-probs without grad"] = 4 * a.trainable // (gpus if fsdp else 1) + base + nograd
     return rows, moments
 
+# %% ../nbs/21_plan.ipynb #8ee3e87b
+# a decoding step's float32 logits, as many times as sampling holds them at once (logits, processed scores,
+# probabilities, the recorded step): the HF engine's peak at Qwen2.5's vocabulary (tests/test_rollout.py)
+SAMPLING_COPIES = 6
+
 def engine_rows(cfg: Config, a: Arch, gpus: int = 1,
                 gpu_bytes: int = 80 * GIB) -> tuple[list[Row], EngineMemory]:
     ("The rows of `rollout.engine` and what it holds (`Engine.memory`: each engine says what it keeps "
@@ -380,6 +385,11 @@ def engine_rows(cfg: Config, a: Arch, gpus: int = 1,
     m = engine_class(cfg.rollout.engine).memory(cfg, seqs, seq, per_token,
                                                 dtype_bytes(cfg.model.dtype) * a.params, gpu_bytes)
     rows = [Row("KV cache of the step's batch", seqs * seq * per_token, f"{seqs} sequences x {seq} tokens")]
+    if not engine_caps(cfg).own_weights:  # it samples in the trainer's memory (vLLM: within its share)
+        logits = SAMPLING_COPIES * m.at_once * a.vocab * 4
+        m.generating += logits
+        rows.append(Row("a decoding step's logits", logits,
+                        f"{m.at_once} rows x {a.vocab} tokens x float32 x {SAMPLING_COPIES}"))
     return rows + [Row(*r) for r in m.rows], m
 
 # %% ../nbs/21_plan.ipynb #3bdd2a3f

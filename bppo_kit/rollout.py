@@ -17,10 +17,11 @@ from .core import (Completion, Engine, EngineCaps, EngineMemory, Request, Sampli
 from .policy import merged_state_dict, token_logprobs
 
 # %% auto #0
-__all__ = ['trim', 'encode_prompts', 'stop_ids', 'HFEngine', 'hf_batch_available', 'HFBatchEngine', 'idle_fraction', 'mix32',
-           'gumbel_noise', 'gumbel_argmax', 'filter_logits', 'sample_tokens', 'SlotCache', 'SlotModel', 'Slot', 'Batch',
-           'admit_waiting', 'record_pass', 'decode_step', 'accept_tokens', 'compaction', 'finish_slots',
-           'drop_cancelled', 'check_requests', 'KitEngine', 'vllm_available', 'VLLMCompat', 'VLLMEngine']
+__all__ = ['trim', 'encode_prompts', 'stop_ids', 'HFEngine', 'ChosenLogprobs', 'sampling_kwargs', 'hf_batch_available',
+           'HFBatchEngine', 'idle_fraction', 'mix32', 'gumbel_noise', 'gumbel_argmax', 'filter_logits', 'sample_tokens',
+           'SlotCache', 'SlotModel', 'Slot', 'Batch', 'admit_waiting', 'record_pass', 'decode_step', 'accept_tokens',
+           'compaction', 'finish_slots', 'drop_cancelled', 'check_requests', 'KitEngine', 'vllm_available',
+           'VLLMCompat', 'VLLMEngine']
 
 # %% ../nbs/07_rollout.ipynb #d4729ed1
 def trim(row: list[int], stop_ids: set[int]) -> tuple[list[int], str]:
@@ -66,10 +67,46 @@ class HFEngine(Engine):
         return EngineMemory.kv_cache("hf engine KV cache", min(cls.MAX_BATCH, seqs),
                                      seq_tokens, kv_per_token, False)
 
+# %% ../nbs/07_rollout.ipynb #e338eb13
+from transformers import LogitsProcessor
+
+class ChosenLogprobs(LogitsProcessor):
+    "Each sampled token's log-prob under the raw logits over `temperature`, recorded as `generate` samples it"
+    def __init__(self, temperature: float = 1.0):
+        self.t, self.last, self.taken = temperature or 1.0, None, []
+
+    def take(self, tokens: torch.Tensor):
+        "The log-probs of `tokens` [rows] under the last step's logits"
+        self.taken.append(token_logprobs(self.last, tokens))
+        self.last = None
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self.last is not None: self.take(input_ids[:, -1])  # the token the last step sampled
+        self.last = scores.float() / self.t
+        return scores
+
+    def finish(self, sequences: torch.Tensor) -> torch.Tensor:
+        "[rows, new tokens] log-probs, once `generate` has returned `sequences`"
+        if self.last is not None: self.take(sequences[:, -1])
+        return torch.stack(self.taken, 1) if self.taken else torch.zeros(len(sequences), 0)
+
+
+# %% ../nbs/07_rollout.ipynb #7ee44e44
+# every sampling field set: a model's own generation config (Qwen2.5-Instruct ships a repetition penalty,
+# top-p and top-k) must not reshape the distribution the log-probs are recorded under
+_NEUTRAL = dict(repetition_penalty=1.0, no_repeat_ngram_size=0, min_p=None, typical_p=1.0, epsilon_cutoff=0.0,
+               eta_cutoff=0.0)
+
+def sampling_kwargs(sp: SamplingParams) -> dict:
+    "`model.generate`'s sampling arguments for `sp`, every one of them"
+    if sp.temperature <= 0: return dict(do_sample=False, temperature=None, top_p=None, top_k=None, **_NEUTRAL)
+    return dict(do_sample=True, temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k, **_NEUTRAL)
+
+
 # %% ../nbs/07_rollout.ipynb #a9390153
 @patch
 @torch.no_grad()
-def generate(self: HFEngine, prompts: list[str | list[int]], # text, or token ids (the trainer's: `prompt_ids`)
+def generate(self: HFEngine, prompts: list[str | list[int]], # text, or token ids (the trainer's `prompt_ids`)
              n: int = 1, sampling: SamplingParams | None = None,
              # offsets the seed: another process's share (scale-out)
              uid_base: int = 0) -> list[Completion]:
@@ -87,16 +124,12 @@ def generate(self: HFEngine, prompts: list[str | list[int]], # text, or token id
                   unit="batch", leave=False, disable=not self.progress):
         chunk = flat[s:s + self.max_batch]
         enc = self.tok.pad({"input_ids": [x for _, x in chunk]}, return_tensors="pt").to(dev)
-        kw = dict(do_sample=sp.temperature > 0, max_new_tokens=sp.max_new_tokens,
-                  pad_token_id=self.tok.pad_token_id, eos_token_id=sorted(stop),
-                  return_dict_in_generate=True, output_logits=sp.logprobs)
-        if sp.temperature > 0: kw.update(temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k)
-        else: kw.update(temperature=None, top_p=None, top_k=None)
-        g = self.model.generate(**enc, **kw)
+        rec = ChosenLogprobs(sp.temperature) if sp.logprobs else None
+        g = self.model.generate(**enc, max_new_tokens=sp.max_new_tokens, pad_token_id=self.tok.pad_token_id,
+                                eos_token_id=sorted(stop), return_dict_in_generate=True,
+                                logits_processor=[rec] if rec else None, **sampling_kwargs(sp))
         new = g.sequences[:, enc["input_ids"].shape[1]:]
-        lp = (torch.stack([token_logprobs(l / (sp.temperature or 1.0), t)
-                           for l, t in zip(g.logits, new.T)], 1)
-              if sp.logprobs else None)
+        lp = rec.finish(g.sequences) if rec else None
         for r, (i, x) in enumerate(chunk):
             toks, why = trim(new[r].tolist(), stop)
             out.append(Completion(i, x, toks, self.tok.decode(toks, skip_special_tokens=True),
@@ -106,6 +139,7 @@ def generate(self: HFEngine, prompts: list[str | list[int]], # text, or token id
     self.stats["generated_tokens"] += sum(c.n_tokens for c in out)
     self.stats["requests"] += len(out)
     return out
+
 
 # %% ../nbs/07_rollout.ipynb #a766519c
 def hf_batch_available(model) -> bool:

@@ -271,3 +271,28 @@ def test_vllm_engine_on_fake_vllm(shipped, new):
     assert [(i, why) for i, _, why, _ in a] == [(0, "eos"), (0, "length"), (1, "eos"), (1, "length")]
     assert [x[1] for x in b] == [[5, 6, 1]] * 2 and all(x[3] == [-0.5] * len(x[1]) for x in a + b)
     assert all(x[3] != [-0.5] * len(x[1]) for x in c)  # top-p truncates: recomputed by the training model
+
+
+def hf_generate_peak(m, tok, new_tokens: int, rows: int = 8) -> int:
+    "Peak bytes of the tensors one HFEngine.generate call allocates (weights excluded), by the planner's LiveBytes"
+    from bppo_kit.plan import LiveBytes
+    sp = SamplingParams(max_new_tokens=new_tokens, seed=0, stop_token_ids=[])
+    with LiveBytes(keep=list(m.parameters())) as live:
+        cs = HFEngine(m, tok).generate([[5, 6, 7, 8]], rows, sp)
+    assert all(len(c.logprobs) == c.n_tokens for c in cs)
+    return live.peaks["update"]
+
+def test_hf_engine_keeps_no_logits_per_step():
+    "At Qwen2.5's vocabulary, a longer generate grows like the KV cache, not like vocabulary x steps (issue 43)"
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from bppo_kit.policy import char_tokenizer
+    tok = char_tokenizer()
+    cfg = Qwen2Config(vocab_size=151936, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1, eos_token_id=None,
+                      pad_token_id=tok.pad_token_id)
+    torch.manual_seed(0)
+    m = Qwen2ForCausalLM(cfg).eval()
+    rows, short, long = 8, 8, 40
+    grow = hf_generate_peak(m, tok, long, rows) - hf_generate_peak(m, tok, short, rows)
+    logits_kept = (long - short) * rows * cfg.vocab_size * 4  # what output_logits would add: 156 MB here
+    assert grow < 0.1 * logits_kept, (grow, logits_kept)
