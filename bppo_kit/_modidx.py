@@ -437,6 +437,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                  'bppo_kit.policy.chat_tokenizer': ('policy.html#chat_tokenizer', 'bppo_kit/policy.py'),
                                  'bppo_kit.policy.completion_logprobs': ('policy.html#completion_logprobs', 'bppo_kit/policy.py'),
                                  'bppo_kit.policy.copy_weights': ('policy.html#copy_weights', 'bppo_kit/policy.py'),
+                                 'bppo_kit.policy.fitting_prompts': ('policy.html#fitting_prompts', 'bppo_kit/policy.py'),
                                  'bppo_kit.policy.generation_copy': ('policy.html#generation_copy', 'bppo_kit/policy.py'),
                                  'bppo_kit.policy.is_peft': ('policy.html#is_peft', 'bppo_kit/policy.py'),
                                  'bppo_kit.policy.load_policy': ('policy.html#load_policy', 'bppo_kit/policy.py'),

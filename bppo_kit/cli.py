@@ -12,7 +12,7 @@ from transformers.utils import logging as hf_logging
 from .config import Config, ConfigError, PRESETS, get_config
 from .data import DataError
 from .evaluate import eval_examples, evaluate
-from .policy import load_policy
+from .policy import fitting_prompts, load_policy
 from .rollout import SamplingParams
 from .sampler import make_engine
 
@@ -37,6 +37,7 @@ def cmd_eval(args, cfg: Config) -> int:
     dev = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.train.device == "auto" else cfg.train.device
     model, tok = load_policy(args.checkpoint or cfg.model.name_or_path, cfg.model.dtype, dev)
     r = cfg.rollout
+    ex = fitting_prompts(ex, tok, cfg.data, r.max_prompt_tokens, "eval prompts")
     sp = SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
                         max_new_tokens=r.max_new_tokens, seed=cfg.train.seed, logprobs=False)
     # the engine training evaluates with (`rollout.engine`: the kit's by default, vLLM on GPUs), not a fixed one

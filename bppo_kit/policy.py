@@ -4,7 +4,7 @@
 
 # %% ../nbs/04_policy.ipynb #999ef079
 from __future__ import annotations
-import copy, json, string
+import copy, json, string, warnings
 from pathlib import Path
 import torch
 from tokenizers import Tokenizer, Regex, decoders, models, pre_tokenizers, processors
@@ -15,8 +15,8 @@ from .data import DataError, Example, prompt_messages, prompt_text
 # %% auto #0
 __all__ = ['CHARS', 'SPECIALS', 'DTYPES', 'SHIPPED_POLICIES', 'CHATML_TEMPLATE', 'char_tokenizer', 'tiny_config',
            'load_tokenizer', 'resolve_policy_path', 'load_policy', 'is_peft', 'add_lora', 'merged_state_dict',
-           'autocast', 'generation_copy', 'copy_weights', 'chat_tokenizer', 'prompt_ids', 'pack', 'token_logprobs',
-           'completion_logprobs']
+           'autocast', 'generation_copy', 'copy_weights', 'chat_tokenizer', 'prompt_ids', 'fitting_prompts', 'pack',
+           'token_logprobs', 'completion_logprobs']
 
 # %% ../nbs/04_policy.ipynb #3b5f0132
 CHARS = string.digits + string.ascii_letters + " +-*/()=#.,:;?!'\n$\\{}^_<>[]%&|~\"@`"
@@ -184,6 +184,21 @@ def prompt_ids(tok, # a tokenizer: `tok(text)`; for chat, `chat_template` and `a
     ids = tok.apply_chat_template(prompt_messages(ex, d.system_prompt), add_generation_prompt=True,
                                   tokenize=True, return_dict=False)
     return list(ids)
+
+# %% ../nbs/04_policy.ipynb #a1696f59
+def fitting_prompts(examples: list[Example], tok, data: DataConfig | None = None,
+                    max_tokens: int = 0, # `rollout.max_prompt_tokens`; 0: keep all
+                    what: str = "prompts") -> list[Example]:
+    "`examples` whose prompt ids (`prompt_ids`) fit `max_tokens`; one warning counts the others"
+    if not max_tokens: return list(examples)
+    lens = [len(prompt_ids(tok, e, data)) for e in examples]
+    kept = [e for e, n in zip(examples, lens) if n <= max_tokens]
+    if len(kept) < len(examples):
+        n, longest = len(examples) - len(kept), max(lens)
+        warnings.warn(f"{what}: dropped {n} of {len(examples)} longer than rollout.max_prompt_tokens="
+                      f"{max_tokens} (the longest: {longest} tokens)", stacklevel=2)
+    return kept
+
 
 # %% ../nbs/04_policy.ipynb #d8dd7581
 def pack(prompts: list[list[int]], # prompt token ids, one list per sequence

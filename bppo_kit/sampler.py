@@ -14,7 +14,7 @@ from .distributed import Dist, deal_items, gather_rollout
 from .data import Example, load_task, problem_stream, style_of, synthetic_eval, synthetic_example
 from .evaluate import response_tokens
 from .rewards import Task
-from .policy import prompt_ids
+from .policy import fitting_prompts, prompt_ids
 import bppo_kit.rollout  # noqa: F401 -- registers the built-in engines: hf, kit, vllm
 
 # %% auto #0
@@ -139,6 +139,13 @@ class Sampler:
                  task: Task | None = None):
         self.cfg, self.engine, self.tok, self.task = cfg, engine, tok, task or Task()
         self.prompts = prompts if prompts is not None else PromptSource(cfg, self.task.train)
+        if getattr(self.prompts, "examples", None):  # a data set's prompts the engines cannot serve: dropped
+            fit = fitting_prompts(self.prompts.examples, tok, cfg.data, cfg.rollout.max_prompt_tokens,
+                                  "train prompts")
+            if len(fit) < cfg.train.prompts_per_step:
+                raise ConfigError(f"rollout.max_prompt_tokens: {len(fit)} prompts fit, fewer than "
+                                  f"train.prompts_per_step={cfg.train.prompts_per_step}")
+            self.prompts.examples = fit
         self.dist = dist or Dist()
         # grading seconds, reward functions' means: since the loop last asked
         self.reward_s, self.reward_m = 0.0, {}

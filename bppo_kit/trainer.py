@@ -17,7 +17,8 @@ from .distributed import (Dist, checkpoint_states, full_state_dict, init_dist, l
                                   reduce_metrics)
 from .evaluate import eval_examples, evaluate
 from .plan import check_fits, model_config
-from .policy import DTYPES, add_lora, copy_weights, generation_copy, is_peft, load_policy
+from .policy import (DTYPES, add_lora, copy_weights, fitting_prompts, generation_copy, is_peft,
+                             load_policy)
 from .rewards import Task
 from .runs import (RunDir, append_jsonl, load_trainer_state, open_run, read_jsonl_rows, rng_state,
                            save_checkpoint, set_rng_state, truncate_metrics)
@@ -259,11 +260,12 @@ def evaluate_step(cfg: Config, s: Session, examples: list, step: int, progress: 
                            progress=progress, engine=s.engine,
                            sampling=sp, data=cfg.data, subset=cfg.train.eval_subset, task=s.sampler.task))
 
-def eval_examples_of(cfg: Config, task: Task | None) -> list:
+def eval_examples_of(cfg: Config, task: Task | None, tok=None) -> list: # tok: drop what does not fit
     ("What the run evaluates on: its task's eval set; none for a task of its own without one; else the "
-     "config's")
-    if task is not None and task.eval is not None: return task.eval
-    return [] if task is not None and task.train is not None else eval_examples(cfg)
+     "config's; with `tok`, only prompts that fit `rollout.max_prompt_tokens`")
+    if task is not None and task.eval is not None: ex = task.eval
+    else: ex = [] if task is not None and task.train is not None else eval_examples(cfg)
+    return fitting_prompts(ex, tok, cfg.data, cfg.rollout.max_prompt_tokens, "eval prompts") if tok else ex
 
 # %% ../nbs/24_trainer.ipynb #0ec86f0d
 def _stop_on_signals():
@@ -431,7 +433,7 @@ def train(cfg: Config, # the validated config
     if device_of(cfg) == "cuda": check_gpu_memory(cfg, dist, policy)  # `bppo plan`'s verdict, before any load
     run = open_run_on(dist, cfg, resume, overwrite)
     s = setup(cfg, run, resume, dist, task, policy)
-    eval_set, evals = eval_examples_of(cfg, task), rows_after(dist, run, s.start)
+    eval_set, evals = eval_examples_of(cfg, task, s.tok), rows_after(dist, run, s.start)
     reporter = Reporter(cfg, run.root) if dist.main else None  # `train.report_to`: dashboards
     rl = RunLog(cfg, s, run, eval_set if evaluate_every else [], evals, reporter, on_log, progress)
     try:

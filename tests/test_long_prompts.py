@@ -1,0 +1,37 @@
+"""A data set with a prompt longer than `rollout.max_prompt_tokens` trains and evaluates: the prompt is dropped with
+one warning, never handed to an engine (which would refuse it, or crash on a GPU) (issue 43)."""
+import json, subprocess
+import pytest
+from conftest import ROOT, bppo_cmd
+from bppo_kit.config import data_dir
+from bppo_kit.data import write_jsonl
+
+needs_tiny = pytest.mark.skipif(not (data_dir() / "tiny_policy" / "config.json").exists(),
+                                reason="the shipped tiny policy is missing (run `make sft`)")
+
+SETS = ["train.eval_every=1", "train.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=24",
+        "data.eval_size=0", "train.micro_batch=8"]
+
+
+def long_data(path):
+    "Nine GSM8K-shaped rows; the fifth has a 5,000-token question (the shipped tokenizer: one token a character)"
+    rows = [{"question": f"What is {i} + {i}?", "answer": f"{i} + {i} = {2 * i}\n#### {2 * i}"} for i in range(8)]
+    rows.insert(4, {"question": "What is " + "1+" * 2500 + "1?", "answer": "#### 2501"})
+    write_jsonl(rows, path)
+    return path
+
+
+@needs_tiny
+@pytest.mark.parametrize("engine", ["kit", "hf"])
+def test_a_too_long_prompt_is_dropped_in_training_and_evaluation(tmp_path, engine):
+    data = long_data(tmp_path / "data.jsonl")
+    sets = SETS + ["data.task=gsm8k", f"data.path={data}", f"data.eval_path={data}", f"rollout.engine={engine}"]
+    r = subprocess.run(bppo_cmd() + ["train", "--preset", "cpu-demo", "--algo", "grpo", "--steps", "2", "--quiet",
+                                     "--out", str(tmp_path / "run"), *[x for s in sets for x in ("--set", s)]],
+                       capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    for what in ("train prompts", "eval prompts"):
+        lines = [x for x in r.stderr.splitlines() if f"{what}: dropped 1 of 9 longer than" in x]
+        assert len(lines) == 1 and "rollout.max_prompt_tokens=1024" in lines[0], r.stderr[-3000:]
+    evals = [json.loads(x) for x in (tmp_path / "run" / "eval.jsonl").read_text().splitlines()]
+    assert len(evals) >= 2 and all(e["n_prompts"] == e["problems"] == 8 for e in evals), evals
