@@ -770,11 +770,13 @@ def load_weights(cls: VLLMCompat, llm, weights: list[tuple[str, torch.Tensor]]) 
     reload = getattr(getattr(worker, "model_runner", None), "reload_weights", None)
     both = getattr(worker, "reload_weights", None) and reload
     if both and "weights_iterator" in inspect.signature(reload).parameters:
-        try:
-            kw = dict(weights_iterator=iter(weights), is_checkpoint_format=True)
-            llm.collective_rpc("reload_weights", kwargs=kw)
-            return "reload_weights"
-        except Exception as e: errors.append(f"reload_weights: {type(e).__name__}: {e}")
+        kw = dict(weights_iterator=iter(weights), is_checkpoint_format=True)
+        # layer by layer: failing partway leaves a model of two steps' weights, which no fallback may sample from
+        try: llm.collective_rpc("reload_weights", kwargs=kw)
+        except Exception as e:
+            raise RuntimeError(f"vLLM's reload_weights failed partway ({type(e).__name__}: {e}): the engine "
+                               "holds a mix of two steps' weights; stopping rather than sampling from it") from e
+        return "reload_weights"
     # older vLLM (TRL's colocate path): the model's own `load_weights` straight into its parameters
     try:
         runner = worker.model_runner
