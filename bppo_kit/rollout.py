@@ -713,16 +713,13 @@ class VLLMCompat:
 # %% ../nbs/07_rollout.ipynb #525a63c4
 @patch_to(VLLMCompat, static_method=True)
 def shutdown(llm):
-    "Free a colocated engine: its engine core, vLLM's model-parallel groups, then PyTorch's cached memory"
-    import contextlib, gc
+    "Stop a colocated engine: its engine core, vLLM's model-parallel groups (memory: `VLLMEngine.close`)"
+    import contextlib
     with contextlib.suppress(Exception): llm.llm_engine.engine_core.shutdown()
     # the model-parallel groups only: under `accelerate launch` the default process group is the trainer's
     with contextlib.suppress(Exception):
         from vllm.distributed.parallel_state import destroy_model_parallel
         destroy_model_parallel()
-    del llm
-    gc.collect()
-    VLLMCompat.empty_cache()
 
 # %% ../nbs/07_rollout.ipynb #e651b823
 @patch_to(VLLMCompat, static_method=True)
@@ -876,8 +873,14 @@ def sleep(self: VLLMEngine):
 def close(self: VLLMEngine):
     ("Shut the engine down and give its device memory back (before another engine is built in this "
      "process)")
-    llm, self.llm = getattr(self, "llm", None), None
-    if llm is not None: VLLMCompat.shutdown(llm)
+    import gc
+    if getattr(self, "llm", None) is None: return
+    VLLMCompat.shutdown(self.llm)
+    # the last reference dropped and the cycles it sits in collected now: vLLM's sleep mode refuses a second
+    # engine in this process while any tensor of the first lives (a tutorial, the widget panel, compare)
+    self.llm = None
+    gc.collect()
+    VLLMCompat.empty_cache()
 
 @patch
 def _wake(self: VLLMEngine, tags: tuple[str, ...]):

@@ -4,7 +4,7 @@ compute dtype, the configured memory share and context, TRL's sleep/wake discipl
 every wake; the weights pushed again after the update), the weights pushed before the first `generate` of a resumed
 run and of an `RLTrainer` given a loaded model; under two DDP processes, vLLM's external launcher on each process's own
 device. (FSDP2: `tests/fsdp2_check.py` checks that the engine is synced from the gathered weights.)"""
-import copy, dataclasses, importlib.util, json, os, sys
+import copy, dataclasses, importlib.util, json, os, sys, weakref
 from pathlib import Path
 
 import pytest
@@ -126,6 +126,24 @@ def test_rltrainer_given_a_loaded_model_pushes_it_before_generating(vllm, ckpt, 
     k = kinds(vllm.EVENTS)
     assert k.index("reload_weights") < k.index("generate"), k
     assert all(torch.equal(vllm.WEIGHTS[0][n], given[n].float()) for n in given)
+
+
+def test_a_second_engine_is_built_after_the_first_is_gone(vllm, ckpt, tmp_path, monkeypatch):
+    "Two runs in one process (a tutorial, the widget panel, compare): vLLM's sleep mode refuses a second engine while"
+    "any tensor of the first lives, so the first must be closed and unreferenced (a dead weak reference) (issue 43)"
+    refs, init = [], vllm.LLM.__init__
+    def tracked(self, model, **kw):
+        vllm.record("build", alive=sum(r() is not None for r in refs))
+        init(self, model, **kw)
+        refs.append(weakref.ref(self))
+        self.cycle = self  # as the real engine's objects refer to each other: only a collection frees it
+    monkeypatch.setattr(vllm.LLM, "__init__", tracked)
+    for i in range(2):
+        cfg = get_config(PRESETS[0], overrides=SMALL + [f"model.name_or_path={ckpt}", "train.steps=1",
+                                                        f"train.out={tmp_path / f'run{i}'}"])
+        train(cfg, progress=False, evaluate_every=False)
+    assert [e["alive"] for e in vllm.EVENTS if e["kind"] == "build"] == [0, 0]
+    assert all(r() is None for r in refs)  # after the last run too, without a collection of the caller's
 
 
 def test_fresh_run_does_not_push_before_generating(vllm, ckpt, tmp_path):
