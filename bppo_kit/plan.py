@@ -327,7 +327,7 @@ def state_rows(cfg: Config, a: Arch, gpus: int = 1, shard: str = "ddp") -> list[
     trained = f"{a.trainable / 1e6:.2f}M LoRA parameters" if a.lora_r else "every parameter"
     weights = a.params + (a.trainable if a.lora_r else 0)  # LoRA: the base model and the adapters
     rows = [Row("weights (float32 masters)", 4 * weights // k, f"{weights / 1e6:.1f}M parameters{each}"),
-            Row("gradients (float32)", 4 * a.trainable // k, f"{trained}{each}; kept after the step"),
+            Row("gradients (float32)", 4 * a.trainable // k, f"{trained}{each}; freed after the step"),
             Row("AdamW state (2 x float32)", 8 * a.trainable // k, f"{trained}{each}")]
     if gpus > 1 and not fsdp:
         rows.append(Row("DDP gradient buckets", 4 * a.trainable, "torch DDP's flat copies of the gradients"))
@@ -368,7 +368,7 @@ def update_rows(cfg: Config, a: Arch, gpus: int = 1, shard: str = "ddp",
     # the reference's or the old log-probs come first, without grad, while the last step's gradients still live
     if cfg.algo.beta > 0 or cfg.train.mu > 1:
         nograd = loss_path(a, B, seq, C, "naive" if cfg.algo.beta > 0 else kernel, amp)[0]
-        moments["log-probs without grad"] = 4 * a.trainable // (gpus if fsdp else 1) + base + nograd
+        moments["log-probs without grad"] = base + nograd  # the last update freed its gradients
     return rows, moments
 
 # %% ../nbs/21_plan.ipynb #8ee3e87b
@@ -444,7 +444,7 @@ def budget(cfg: Config, a: Arch, gpus: int = 1, gpu_bytes: int = 80 * GIB, shard
     # the update frees the gradients, then makes them anew
     kept = sum(r.bytes for r in state) - grads + context.bytes
     gathered = sum(r.bytes for r in upd if r.name.startswith("FSDP2"))
-    phases = dict(generation=kept + grads + m.generating,
+    phases = dict(generation=kept + m.generating,  # the gradients were freed after the last update's step
                   update=kept + m.updating + gathered + max(moments.values()))
     return rows, phases, moments, m
 

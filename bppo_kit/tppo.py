@@ -380,4 +380,5 @@ def _value_epoch(self: TPPO, done: list[Entry], v_old, ret, mask, pad_id: int, d
         tot += loss.item()
     self.dist.clip_grad_norm_(self.critic.parameters(), self.cfg.train.grad_clip)
     self.vopt.step()
+    self.vopt.zero_grad(set_to_none=True)  # freed for the rollout
     return tot

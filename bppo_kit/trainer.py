@@ -241,6 +241,7 @@ def train_step(cfg: Config, s: Session, step: int) -> dict:
     collected = {**collected, **reduce_metrics(s.dist, s.sampler.take_reward_metrics())}
     # update: the policy's PPO epochs with the algorithm's surrogate, then the algorithm's own work (T-PPO's critic)
     um = update(s.model, s.opt, items, cfg, s.tok.pad_token_id, s.ref, s.algo.surrogate, s.dist)
+    s.opt.zero_grad(set_to_none=True)  # the gradients' memory goes to the next rollout (5.75 GiB at 1.5B)
     um.update(s.algo.after_update(s.tok.pad_token_id))
     s.refresh_engine()
     t2 = time.time()

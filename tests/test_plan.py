@@ -138,7 +138,7 @@ def test_cli_plan_exit_codes():
     assert code == 0 and "of up to 512 prompt" in out.getvalue() and "a 1/8 shard" in out.getvalue()
     assert "* loss path: triton" in out.getvalue() and "fits" in out.getvalue().splitlines()[-1]
     with contextlib.redirect_stderr(err):
-        code = main(["plan", "--preset", "gsm8k-qwen2.5-0.5b", "--set", "rollout.gpu_memory_utilization=0.9"])
+        code = main(["plan", "--preset", "gsm8k-qwen2.5-0.5b", "--set", "rollout.gpu_memory_utilization=0.95"])
     assert code == 2 and err.getvalue().count("\n") == 1, err.getvalue()
     assert err.getvalue().startswith("bppo: error: rollout.gpu_memory_utilization: the generation phase needs")
     with contextlib.redirect_stderr(io.StringIO()) as bad:
