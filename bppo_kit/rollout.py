@@ -843,7 +843,7 @@ def __init__(self: VLLMEngine, model, tok, model_path: str, # a checkpoint folde
     self.vllm, self.model, self.tok = vllm, model, tok
     p = next(model.parameters())
     self.sleep_mode = bool(sleep) and VLLMCompat.sleeps(p.device)
-    if dtype is None: dtype = str(p.dtype).removeprefix("torch.")
+    self.dtype = dtype = dtype or str(p.dtype).removeprefix("torch.")  # vLLM's; and the recompute's autocast
     kw = dict(model=model_path, skip_tokenizer_init=True, dtype=dtype, seed=seed,
               gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
               enable_sleep_mode=self.sleep_mode, **VLLMCompat.LLM_KWARGS, **VLLMCompat.distributed(dist))
@@ -923,16 +923,26 @@ def _completions(self: VLLMEngine, i: int, x: list[int], o, stop: set[int], logp
 # %% ../nbs/07_rollout.ipynb #54b99fff
 @patch
 @torch.no_grad()
-def _recompute_logprobs(self: VLLMEngine, cs: list[Completion], temperature: float, chunk: int = 32):
-    "Replace `cs`' log-probs by a teacher-forced recompute with the training model, at `temperature`"
-    from bppo_kit.policy import pack, completion_logprobs
+def _recompute_logprobs(self: VLLMEngine, cs: list[Completion], temperature: float,
+                        rows: int = 32, tokens: int = 2048): # sequences a forward, positions a head matmul
+    ("Replace `cs`' log-probs by a teacher-forced recompute with the training model at `temperature`: in the "
+     "compute dtype, the head over `tokens` positions at a time (never a [rows, length, vocab] tensor)")
+    from bppo_kit.policy import autocast, pack
     dev = next(self.model.parameters()).device
-    for s in range(0, len(cs), chunk):
-        part = cs[s:s + chunk]
-        b = pack([c.prompt_ids for c in part], [c.completion_ids for c in part],
-                 self.tok.pad_token_id, device=dev)
-        lp = completion_logprobs(self.model, b, temperature=temperature).float().cpu()
+    body, head = self.model.get_decoder(), self.model.get_output_embeddings()
+    for s in range(0, len(cs), rows):
+        part = cs[s:s + rows]
+        b = pack([c.prompt_ids for c in part], [c.completion_ids for c in part], self.tok.pad_token_id, dev)
+        P, ids = b["prompt_len"], b["input_ids"]
+        with autocast(getattr(self, "dtype", "float32"), dev):
+            h = body(input_ids=ids, attention_mask=b["attention_mask"], position_ids=b["position_ids"],
+                     use_cache=False).last_hidden_state[:, P - 1:-1]
+            flat, tgt = h.reshape(-1, h.shape[-1]), ids[:, P:].reshape(-1)
+            lp = torch.cat([token_logprobs(head(flat[i:i + tokens]).float() / temperature, tgt[i:i + tokens])
+                            for i in range(0, len(flat), tokens)])
+        lp = (lp.view(len(part), -1) * b["completion_mask"][:, P:]).float().cpu()
         for r, c in enumerate(part): c.logprobs = lp[r, :c.n_tokens].tolist()
+
 
 # %% ../nbs/07_rollout.ipynb #116a04b9
 @patch

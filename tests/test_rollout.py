@@ -296,3 +296,25 @@ def test_hf_engine_keeps_no_logits_per_step():
     grow = hf_generate_peak(m, tok, long, rows) - hf_generate_peak(m, tok, short, rows)
     logits_kept = (long - short) * rows * cfg.vocab_size * 4  # what output_logits would add: 156 MB here
     assert grow < 0.1 * logits_kept, (grow, logits_kept)
+
+
+def test_vllm_recompute_never_makes_full_logits():
+    "top-p/top-k with vLLM: the log-prob recompute goes through the head a few positions at a time (issue 43)"
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from bppo_kit.plan import LiveBytes
+    from bppo_kit.policy import char_tokenizer
+    from bppo_kit.rollout import Completion, VLLMEngine
+    tok = char_tokenizer()
+    cfg = Qwen2Config(vocab_size=151936, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1, pad_token_id=tok.pad_token_id)
+    torch.manual_seed(0)
+    m = Qwen2ForCausalLM(cfg).eval()
+    cs = [Completion(i, [5, 6, 7, 8], [9 + (i * j) % 20 for j in range(40)], "", [], "length") for i in range(4)]
+    full = pack([c.prompt_ids for c in cs], [c.completion_ids for c in cs], tok.pad_token_id)
+    with torch.no_grad(): want = completion_logprobs(m, full, temperature=0.8)
+    eng = VLLMEngine.__new__(VLLMEngine)  # the recompute alone: no vLLM needed
+    eng.model, eng.tok, eng.dtype = m, tok, "float32"
+    with LiveBytes(keep=list(m.parameters())) as live: eng._recompute_logprobs(cs, 0.8, tokens=8)
+    for r, c in enumerate(cs): assert torch.allclose(torch.tensor(c.logprobs), want[r], atol=1e-5)
+    logits = len(cs) * full["input_ids"].shape[1] * cfg.vocab_size * 4  # [B, P + C, V] float32: 107 MB here
+    assert live.peaks["update"] < 0.25 * logits, (live.peaks, logits)
