@@ -17,11 +17,11 @@ from .policy import add_lora, resolve_policy_path
 from .shapes import qwen2_5_config
 
 # %% auto #0
-__all__ = ['GIB', 'KNOWN_SHAPES', 'CONTEXT_GIB', 'SHARDS', 'SAMPLING_COPIES', 'SETUPS', 'model_config', 'Arch', 'arch_of',
-           'layer_activations', 'shared_activations', 'chunked_tiles', 'loss_path', 'update_moments', 'LiveBytes',
-           'train_items', 'measure_update', 'dtype_bytes', 'loss_kernel_on', 'kv_bytes_per_token', 'step_sizes', 'Row',
-           'state_rows', 'update_rows', 'engine_rows', 'Plan', 'budget', 'with_values', 'advise', 'plan', 'check_fits',
-           'presets_table']
+__all__ = ['GIB', 'KNOWN_SHAPES', 'CONTEXT_GIB', 'SHARDS', 'SAMPLING_COPIES', 'RECOMPUTE_ROWS', 'RECOMPUTE_TOKENS', 'SETUPS',
+           'model_config', 'Arch', 'arch_of', 'layer_activations', 'shared_activations', 'chunked_tiles', 'loss_path',
+           'update_moments', 'LiveBytes', 'train_items', 'measure_update', 'dtype_bytes', 'loss_kernel_on',
+           'kv_bytes_per_token', 'step_sizes', 'Row', 'state_rows', 'update_rows', 'engine_rows', 'Plan', 'budget',
+           'with_values', 'advise', 'plan', 'check_fits', 'presets_table']
 
 # %% ../nbs/21_plan.ipynb #57e19105
 GIB = 2 ** 30
@@ -375,6 +375,7 @@ def update_rows(cfg: Config, a: Arch, gpus: int = 1, shard: str = "ddp",
 # a decoding step's float32 logits, as many times as sampling holds them at once (logits, processed scores,
 # probabilities, the recorded step): the HF engine's peak at Qwen2.5's vocabulary (tests/test_rollout.py)
 SAMPLING_COPIES = 6
+RECOMPUTE_ROWS, RECOMPUTE_TOKENS = 32, 2048  # `VLLMEngine._recompute_logprobs`' pieces
 
 def engine_rows(cfg: Config, a: Arch, gpus: int = 1,
                 gpu_bytes: int = 80 * GIB) -> tuple[list[Row], EngineMemory]:
@@ -385,11 +386,18 @@ def engine_rows(cfg: Config, a: Arch, gpus: int = 1,
     m = engine_class(cfg.rollout.engine).memory(cfg, seqs, seq, per_token,
                                                 dtype_bytes(cfg.model.dtype) * a.params, gpu_bytes)
     rows = [Row("KV cache of the step's batch", seqs * seq * per_token, f"{seqs} sequences x {seq} tokens")]
-    if not engine_caps(cfg).own_weights:  # it samples in the trainer's memory (vLLM: within its share)
+    caps, r = engine_caps(cfg), cfg.rollout
+    if not caps.own_weights:  # it samples in the trainer's memory (vLLM: within its share)
         logits = SAMPLING_COPIES * m.at_once * a.vocab * 4
         m.generating += logits
         rows.append(Row("a decoding step's logits", logits,
                         f"{m.at_once} rows x {a.vocab} tokens x float32 x {SAMPLING_COPIES}"))
+    elif not caps.exact and (r.top_p < 1 or r.top_k > 0):  # truncated log-probs: the trainer recomputes them
+        rec = RECOMPUTE_ROWS * seq * (4 * a.hidden + a.inter) * dtype_bytes(cfg.model.dtype) + \
+            SAMPLING_COPIES // 2 * RECOMPUTE_TOKENS * a.vocab * 4
+        m.generating += rec
+        rows.append(Row("log-prob recompute (top-p/top-k)", rec, f"{RECOMPUTE_ROWS} sequences a forward, the "
+                        f"head over {RECOMPUTE_TOKENS} positions at a time"))
     return rows + [Row(*r) for r in m.rows], m
 
 # %% ../nbs/21_plan.ipynb #3bdd2a3f

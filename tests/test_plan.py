@@ -167,3 +167,11 @@ def test_train_refuses_on_a_gpu_what_cannot_fit(monkeypatch, tmp_path):
     # an 80 GB card takes the preset: the check passes (the run would go on to load the model)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(total_memory=80 * 2**30))
     trainer.check_gpu_memory(cfg, trainer.Dist())
+
+
+def test_vllm_with_top_p_counts_the_recompute_and_fits():
+    "Issue 43: the 1.5B preset with rollout.top_p=0.9 on vLLM: the trainer's log-prob recompute is a row, and it fits"
+    cfg = get_config("math-qwen2.5-1.5b", overrides=["rollout.top_p=0.9", "train.loss_kernel=auto"])
+    p, plain = plan(cfg), plan(get_config("math-qwen2.5-1.5b", overrides=["train.loss_kernel=auto"]))
+    rec = p["log-prob recompute (top-p/top-k)"]
+    assert rec > 0 and p.fits and p.phases["generation"] == plain.phases["generation"] + rec
