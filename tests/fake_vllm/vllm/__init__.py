@@ -5,6 +5,7 @@ from types import SimpleNamespace as NS
 
 EVENTS: list[dict] = []  # this process's log; also appended to `$FAKE_VLLM_LOG.RANK` when that is set
 WEIGHTS: list[dict] = []  # the weights of every push, in order (this process)
+__version__ = "0.11.0"  # a release the kit accepts (VLLMCompat.OLDEST and later)
 
 
 def record(kind: str, **kw):
