@@ -443,6 +443,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                  'bppo_kit.policy.load_policy': ('policy.html#load_policy', 'bppo_kit/policy.py'),
                                  'bppo_kit.policy.load_tokenizer': ('policy.html#load_tokenizer', 'bppo_kit/policy.py'),
                                  'bppo_kit.policy.merged_state_dict': ('policy.html#merged_state_dict', 'bppo_kit/policy.py'),
+                                 'bppo_kit.policy.merged_weights': ('policy.html#merged_weights', 'bppo_kit/policy.py'),
                                  'bppo_kit.policy.pack': ('policy.html#pack', 'bppo_kit/policy.py'),
                                  'bppo_kit.policy.prompt_ids': ('policy.html#prompt_ids', 'bppo_kit/policy.py'),
                                  'bppo_kit.policy.resolve_policy_path': ('policy.html#resolve_policy_path', 'bppo_kit/policy.py'),

@@ -14,9 +14,9 @@ from .data import DataError, Example, prompt_messages, prompt_text
 
 # %% auto #0
 __all__ = ['CHARS', 'SPECIALS', 'DTYPES', 'SHIPPED_POLICIES', 'CHATML_TEMPLATE', 'char_tokenizer', 'tiny_config',
-           'load_tokenizer', 'resolve_policy_path', 'load_policy', 'is_peft', 'add_lora', 'merged_state_dict',
-           'autocast', 'generation_copy', 'copy_weights', 'chat_tokenizer', 'prompt_ids', 'fitting_prompts', 'pack',
-           'token_logprobs', 'completion_logprobs']
+           'load_tokenizer', 'resolve_policy_path', 'load_policy', 'is_peft', 'add_lora', 'merged_weights',
+           'merged_state_dict', 'autocast', 'generation_copy', 'copy_weights', 'chat_tokenizer', 'prompt_ids',
+           'fitting_prompts', 'pack', 'token_logprobs', 'completion_logprobs']
 
 # %% ../nbs/04_policy.ipynb #3b5f0132
 CHARS = string.digits + string.ascii_letters + " +-*/()=#.,:;?!'\n$\\{}^_<>[]%&|~\"@`"
@@ -109,20 +109,25 @@ def add_lora(model, r: int, # the adapter's rank
                                             task_type="CAUSAL_LM"))
 
 @torch.no_grad()
-def merged_state_dict(model) -> dict:
-    ("`model`'s state dict as a plain model's: for a peft model, base weights plus the adapters' deltas, no "
-     "LoRA keys")
-    if not is_peft(model): return model.state_dict()
+def merged_weights(model):
+    ("`model`'s weights as a plain model's, (name, tensor) one at a time: a peft model's adapted matrices "
+     "merged (base + the adapters' deltas) as they are asked for, one merged copy alive at a time; no LoRA keys")
+    if not is_peft(model):
+        yield from model.state_dict().items()
+        return
     from peft.tuners.lora import LoraLayer
     base = model.get_base_model()
-    deltas = {f"{n}.weight": sum(m.get_delta_weight(a) for a in m.active_adapters)
-              for n, m in base.named_modules() if isinstance(m, LoraLayer)}
-    out = {}
+    layers = {f"{n}.weight": m for n, m in base.named_modules() if isinstance(m, LoraLayer)}
     for k, v in base.state_dict().items():
         if ".lora_" in k: continue
         k = k.replace(".base_layer.", ".")
-        out[k] = v + deltas[k].to(v.dtype) if k in deltas else v
-    return out
+        m = layers.get(k)
+        yield k, v if m is None else v + sum(m.get_delta_weight(a) for a in m.active_adapters).to(v.dtype)
+
+@torch.no_grad()
+def merged_state_dict(model) -> dict:
+    "`model`'s state dict as a plain model's (`merged_weights`, all at once)"
+    return dict(merged_weights(model))
 
 # %% ../nbs/04_policy.ipynb #da289803
 def autocast(dtype: str, # a key of `DTYPES`: the compute dtype
@@ -146,7 +151,7 @@ def copy_weights(dst, src):
      "one model")
     if dst is src: return
     d = dst.state_dict()
-    for k, v in merged_state_dict(src).items(): d[k].copy_(v)
+    for k, v in merged_weights(src): d[k].copy_(v)  # one merged matrix at a time
 
 # %% ../nbs/04_policy.ipynb #e2b3c4d5
 CHATML_TEMPLATE = ("{% if bos_token %}{{ bos_token }}{% endif %}"

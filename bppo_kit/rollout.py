@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 from .core import (Completion, Engine, EngineCaps, EngineMemory, Request, SamplingParams,
                            register_engine)
-from .policy import merged_state_dict, token_logprobs
+from .policy import merged_weights, token_logprobs
 
 # %% auto #0
 __all__ = ['trim', 'encode_prompts', 'stop_ids', 'HFEngine', 'ChosenLogprobs', 'sampling_kwargs', 'hf_batch_available',
@@ -902,7 +902,7 @@ def sync_weights(self: VLLMEngine, model=None):
     ("Load `model`'s (default: the training model's) weights into the engine, in memory; reset the "
      "prefix cache")
     model = model if model is not None else self.model
-    weights = [(k, v.detach()) for k, v in merged_state_dict(model).items()]  # a LoRA adapter merged in
+    weights = ((k, v.detach()) for k, v in merged_weights(model))  # LoRA merged as vLLM reads each one
     self._wake(("weights",))  # the KV cache sleeps on until the next generate
     self.last_sync = VLLMCompat.load_weights(self.llm, weights)
     self.llm.reset_prefix_cache()

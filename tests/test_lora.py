@@ -53,3 +53,22 @@ def test_lora_with_the_fused_loss_and_checkpointing(tmp_path):
                                            "model.dtype=bfloat16", "train.steps=1"])
     a, _ = load_policy(str(ckpt), merge=False)
     assert any(v.abs().max() > 0 for k, v in a.state_dict().items() if "lora_B" in k)
+
+
+def test_merged_weights_keep_one_merged_copy_alive():
+    "A LoRA model's weights handed to an engine one at a time hold one merged matrix, not all of them (issue 43)"
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from bppo_kit.plan import LiveBytes
+    from bppo_kit.policy import add_lora, merged_state_dict, merged_weights
+    cfg = Qwen2Config(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
+                      num_attention_heads=4, num_key_value_heads=2)
+    torch.manual_seed(0)
+    lm = add_lora(Qwen2ForCausalLM(cfg), r=4, alpha=8)
+    for n, p in lm.named_parameters():
+        if "lora_B" in n: torch.nn.init.normal_(p, std=0.02)
+    keep = [t for t in lm.state_dict().values()]
+    with LiveBytes(keep=keep) as whole: merged = merged_state_dict(lm)
+    with LiveBytes(keep=keep) as stream:
+        for k, v in merged_weights(lm): assert torch.equal(v, merged[k]); del v
+    biggest = 4 * max(cfg.hidden_size * cfg.intermediate_size, cfg.hidden_size ** 2)  # one float32 MLP matrix
+    assert stream.peaks["update"] <= 4 * biggest < whole.peaks["update"] / 4, (stream.peaks, whole.peaks, biggest)
