@@ -279,6 +279,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                       'bppo_kit.distributed.fsdp_problem': ('distributed.html#fsdp_problem', 'bppo_kit/distributed.py'),
                                       'bppo_kit.distributed.full_state_dict': ( 'distributed.html#full_state_dict',
                                                                                 'bppo_kit/distributed.py'),
+                                      'bppo_kit.distributed.gather_into': ('distributed.html#gather_into', 'bppo_kit/distributed.py'),
                                       'bppo_kit.distributed.gather_rollout': ('distributed.html#gather_rollout', 'bppo_kit/distributed.py'),
                                       'bppo_kit.distributed.init_dist': ('distributed.html#init_dist', 'bppo_kit/distributed.py'),
                                       'bppo_kit.distributed.launch_problem': ('distributed.html#launch_problem', 'bppo_kit/distributed.py'),

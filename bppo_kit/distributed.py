@@ -14,8 +14,8 @@ from .core import Rollout, TrainItem
 
 # %% auto #0
 __all__ = ['Dist', 'bare', 'close_group', 'launched_world', 'check_world', 'deepspeed_problem', 'fsdp_problem', 'launch_problem',
-           'init_dist', 'gather_rollout', 'deal_items', 'full_state_dict', 'checkpoint_states', 'load_optimizer_state',
-           'reduce_metrics']
+           'init_dist', 'gather_rollout', 'deal_items', 'full_state_dict', 'gather_into', 'checkpoint_states',
+           'load_optimizer_state', 'reduce_metrics']
 
 # %% ../nbs/03_distributed.ipynb #ae99ca02
 class Dist:
@@ -207,6 +207,14 @@ def full_state_dict(dist: Dist, model) -> dict:
     if dist.kind != "fsdp": return bare(model).state_dict()
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+
+@torch.no_grad()
+def gather_into(dist: Dist, model, dst):
+    ("Copy the trained model's weights into `dst`, a whole model of its architecture: under FSDP2 one weight "
+     "gathered at a time (a collective), never the whole float32 state dict at once")
+    mine = dst.state_dict()
+    for k, v in bare(model).state_dict().items():
+        mine[k].copy_(v.full_tensor() if hasattr(v, "full_tensor") else v)  # a shard's whole weight, then freed
 
 def checkpoint_states(dist: Dist, model, opt) -> tuple[dict | None, dict, str]:
     "(model state or None: the module's own, optimizer state, its format) to write; under FSDP2 a collective"

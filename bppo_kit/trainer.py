@@ -13,7 +13,7 @@ from tqdm.auto import tqdm
 from .config import Config, ConfigError, TrainConfig
 from .core import (Algorithm, Engine, SamplingParams, algorithm_class, check_settings, engine_caps,
                            engine_class, make_algorithm)
-from .distributed import (Dist, checkpoint_states, full_state_dict, init_dist, load_optimizer_state,
+from .distributed import (Dist, checkpoint_states, gather_into, init_dist, load_optimizer_state,
                                   reduce_metrics)
 from .evaluate import eval_examples, evaluate
 from .plan import check_fits, model_config
@@ -81,7 +81,7 @@ class Session:
     def refresh_engine(self):
         ("Hand the engine the updated weights: its copy in the compute dtype (FSDP2: gathered), or its own "
          "(vLLM's)")
-        if self.dist.kind == "fsdp": self.gen.load_state_dict(full_state_dict(self.dist, self.model))
+        if self.dist.kind == "fsdp": gather_into(self.dist, self.model, self.gen)  # one weight at a time
         else: copy_weights(self.gen, self.policy)  # nothing to do where the engine decodes `model` itself
         # an engine with weights of its own gets the whole model: under FSDP2 the gathered copy, never a shard
         if self.engine.caps.own_weights: self.engine.sync_weights(self.gen)
