@@ -1,9 +1,10 @@
-"""What one GPU lease can tell about the kit's GPU path: one command, at most 9 minutes, one JSON.
+"""What one GPU lease can tell about the kit's GPU path: one command, at most 5 minutes, one JSON.
 
-    PYTHONPATH=. python3 benchmarks/gpu_check.py --out $OUT/gpu_check.json        # one CUDA GPU (H200: < 9 minutes)
+    PYTHONPATH=. python3 benchmarks/gpu_check.py --out $OUT/gpu_check.json        # one CUDA GPU: at most 300 s
     OMP_NUM_THREADS=2 PYTHONPATH=. python3 benchmarks/gpu_check.py --smoke --out runs/gpu_check_smoke.json  # CPU
 
-On one CUDA GPU the full run shows, in at most 8 minutes and on random-weight Qwen2.5 shapes (no hub, no network):
+On one CUDA GPU the full run shows, in at most 5 minutes (its budget; it prints each section's share at the start,
+and one line per section at the end) and on random-weight Qwen2.5 shapes (no hub, no network):
 whether the machine has what the kit's GPU path imports, and that none of it plots; whether the Triton loss kernels
 match a float64 reference at Qwen2.5-1.5B's LM head (loss, dH, dW, in bfloat16 and float32) and how far two runs of
 them differ; the time and peak memory of the fused loss as the trainer calls it in bfloat16 (an fp32 master head cast
@@ -37,11 +38,11 @@ records `checks` (name -> bool); the run exits 1 if a section failed or a check 
    of `bppo_kit.plan.plan` for the same config, less its CUDA-context row (the allocator does not see the context;
    `"planner": "unavailable"` where there is no planner).
 5. `train`: one `train_step` per loss kernel (naive, chunked, auto) through `setup` at the 0.5B shape,
-   model.dtype=bfloat16, gradient checkpointing, 16 prompts x 8 completions of up to 512 tokens, micro-batches of 16,
+   model.dtype=bfloat16, gradient checkpointing, 8 prompts x 8 completions of up to 512 tokens, micro-batches of 16,
    coin-flip rewards (`examples/plugins/coin_rewards.py`): peak memory, grad_norm, sampler_kl, step time. One seed
    gives the three one rollout (checked by a digest of the generated tokens), so their gradient norms must agree
    within 5%.
-6. `engine`: `KitEngine` tokens/s at the 1.5B shape in bfloat16, 32 prompts of 1,536 tokens x 4 samples, 512 new
+6. `engine`: `KitEngine` tokens/s at the 1.5B shape in bfloat16, 16 prompts of 1,536 tokens x 4 samples, 512 new
    tokens (random weights rarely stop); then greedy decoding of 4 prompts, 64 new tokens, by `KitEngine` and
    `HFEngine`. In float32 their tokens must be identical. In bfloat16 two correct implementations may part where two
    tokens' logits tie within bfloat16's rounding, so each divergence is reported with its logit gap (the model's own
@@ -70,14 +71,14 @@ if "--smoke" in sys.argv[1:]: os.environ.setdefault("TRITON_INTERPRET", "1")
 import torch  # noqa: E402
 
 SECTIONS = ("preflight", "triton", "kernel", "memory", "train", "engine", "cost")
-FULL = dict(budget_s=500,  # caps in seconds at this budget; --budget-s scales them
-            caps=dict(preflight=45, triton=60, kernel=60, memory=55, train=140, engine=100, cost=40),
+FULL = dict(budget_s=300,  # caps in seconds at this budget (a first GPU slot is often short); --budget-s scales them
+            caps=dict(preflight=30, triton=40, kernel=35, memory=40, train=85, engine=40, cost=30),
             triton=dict(N=4096, H=1536, V=151936, seq=1024),
             kernel=dict(N=16384, H=1536, V=151936, seq=1024, repeats=3),
             memory=dict(size="1.5b", vocab=None, tokens=(1024, 2048), prompt=256, micro_batch=4, batches=2,
                         kernel="auto"),
-            train=dict(size="0.5b", vocab=None, prompts=16, group=8, max_new=512, micro_batch=16),
-            engine=dict(size="1.5b", vocab=None, prompt_tokens=1536, prompts=32, n=4, max_new=512, greedy_prompts=4,
+            train=dict(size="0.5b", vocab=None, prompts=8, group=8, max_new=512, micro_batch=16),
+            engine=dict(size="1.5b", vocab=None, prompt_tokens=1536, prompts=16, n=4, max_new=512, greedy_prompts=4,
                         greedy_new=64, greedy_dtypes=("bfloat16", "float32")),
             cost=dict(size="0.5b", vocab=None, rows=(1, 16, 64, 256), context=512, repeats=5, update=(4096, 8192)))
 SMOKE = dict(budget_s=300,
@@ -676,12 +677,18 @@ def summary(result: dict) -> str:
     lines.append("failed: " + (", ".join(result["failed"]) or "nothing"))
     return "\n".join(lines)
 
+def estimate_line(P: dict, budget: float, names: list[str]) -> str:
+    "What the run will take at most, section by section (each section's cap at this budget), printed at the start"
+    caps = {n: P["caps"][n] * budget / P["budget_s"] for n in names}
+    return (f"gpu_check: at most {min(budget, sum(caps.values())):.0f} s: "
+            + ", ".join(f"{n} {c:.0f} s" for n, c in caps.items()))
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="gpu_check.json", help="the JSON result")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (the test's mode)")
     ap.add_argument("--budget-s", type=float, default=None,
-                    help="total time budget; each section gets its share (default: 500 s, smoke 300 s)")
+                    help="total time budget; each section gets its share (default: 300 s, smoke 300 s)")
     ap.add_argument("--only", default=",".join(SECTIONS[1:]), help="comma-separated sections after the preflight")
     a = ap.parse_args(argv)
     P, dev = (SMOKE, "cpu") if a.smoke else (FULL, "cuda")
@@ -690,6 +697,8 @@ def main(argv=None):
     deadline, scale = t_start + budget, budget / P["budget_s"]
     result = dict(command=" ".join(["python3", "benchmarks/gpu_check.py"] + (sys.argv[1:] if argv is None else argv)),
                   smoke=a.smoke, budget_s=budget, sections={})
+    print(estimate_line(P, budget, ["preflight"] + [n for n in a.only.split(",") if n and n != "preflight"]),
+          flush=True)
     fns = dict(preflight=lambda r: preflight(P, dev, a.smoke, r), triton=lambda r: triton_section(P, dev, r),
                kernel=lambda r: kernel_section(P, dev, r), memory=lambda r: memory_section(P, dev, r),
                train=lambda r: train_section(P, dev, r), engine=lambda r: engine_section(P, dev, r),

@@ -141,3 +141,16 @@ def test_cost_points_beside_the_model(smoke):
         assert _finite(p["measured_s"]) and p["measured_s"] > 0 and _finite(p["predicted_s"]) and p["predicted_s"] > 0
         assert p["error"] == pytest.approx(p["predicted_s"] / p["measured_s"] - 1)
     assert c["priced_as"] == "H100" and c["checks"] == {"measured": True}
+
+
+def test_the_full_run_fits_five_minutes_and_says_so(smoke):
+    "Issue 43: the full run's budget is at most 300 s, printed section by section before anything runs"
+    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
+    gc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gc)
+    line = gc.estimate_line(gc.FULL, gc.FULL["budget_s"], list(gc.SECTIONS))
+    assert gc.FULL["budget_s"] <= 300 and sum(gc.FULL["caps"].values()) <= 300, gc.FULL["caps"]
+    assert line.startswith("gpu_check: at most 300 s: preflight 30 s, triton 40 s"), line
+    r, _ = smoke
+    first = r.stdout.splitlines()[0]
+    assert first.startswith("gpu_check: at most ") and all(f"{n} " in first for n in gc.SECTIONS), first
