@@ -17,11 +17,11 @@ from .policy import add_lora, resolve_policy_path
 from .shapes import qwen2_5_config
 
 # %% auto #0
-__all__ = ['GIB', 'KNOWN_SHAPES', 'CONTEXT_GIB', 'SHARDS', 'SAMPLING_COPIES', 'RECOMPUTE_ROWS', 'RECOMPUTE_TOKENS', 'SETUPS',
-           'model_config', 'Arch', 'arch_of', 'layer_activations', 'shared_activations', 'chunked_tiles', 'loss_path',
-           'update_moments', 'LiveBytes', 'train_items', 'measure_update', 'dtype_bytes', 'loss_kernel_on',
-           'kv_bytes_per_token', 'step_sizes', 'Row', 'state_rows', 'update_rows', 'engine_rows', 'Plan', 'budget',
-           'with_values', 'advise', 'plan', 'check_fits', 'presets_table']
+__all__ = ['GIB', 'KNOWN_SHAPES', 'CONTEXT_GIB', 'SHARDS', 'SAMPLING_COPIES', 'RECOMPUTE_ROWS', 'RECOMPUTE_TOKENS',
+           'MERGE_COPIES', 'SETUPS', 'model_config', 'Arch', 'arch_of', 'layer_activations', 'shared_activations',
+           'chunked_tiles', 'loss_path', 'update_moments', 'LiveBytes', 'train_items', 'measure_update', 'dtype_bytes',
+           'loss_kernel_on', 'kv_bytes_per_token', 'step_sizes', 'Row', 'state_rows', 'update_rows', 'engine_rows',
+           'Plan', 'budget', 'with_values', 'advise', 'plan', 'check_fits', 'presets_table']
 
 # %% ../nbs/21_plan.ipynb #57e19105
 GIB = 2 ** 30
@@ -376,6 +376,7 @@ def update_rows(cfg: Config, a: Arch, gpus: int = 1, shard: str = "ddp",
 # probabilities, the recorded step): the HF engine's peak at Qwen2.5's vocabulary (tests/test_rollout.py)
 SAMPLING_COPIES = 6
 RECOMPUTE_ROWS, RECOMPUTE_TOKENS = 32, 2048  # `VLLMEngine._recompute_logprobs`' pieces
+MERGE_COPIES = 3  # a LoRA matrix merged for the engine (`merged_weights`): its peak, in float32 matrices
 
 def engine_rows(cfg: Config, a: Arch, gpus: int = 1,
                 gpu_bytes: int = 80 * GIB) -> tuple[list[Row], EngineMemory]:
@@ -398,6 +399,10 @@ def engine_rows(cfg: Config, a: Arch, gpus: int = 1,
         m.generating += rec
         rows.append(Row("log-prob recompute (top-p/top-k)", rec, f"{RECOMPUTE_ROWS} sequences a forward, the "
                         f"head over {RECOMPUTE_TOKENS} positions at a time"))
+    if cfg.model.lora_r:  # the engine's weights refreshed after each update: one merged matrix at a time
+        merge = MERGE_COPIES * 4 * a.hidden * a.inter
+        m.generating += merge
+        rows.append(Row("LoRA merge, a matrix at a time", merge, f"{MERGE_COPIES} x {a.hidden} x {a.inter} fp32"))
     return rows + [Row(*r) for r in m.rows], m
 
 # %% ../nbs/21_plan.ipynb #3bdd2a3f

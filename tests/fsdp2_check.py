@@ -92,6 +92,13 @@ def main(out: Path):
         def sync_weights(self, m): self.got = {k: v.detach().clone() for k, v in merged_state_dict(m).items()}
     eng = OwnWeights()
     gen = copy.deepcopy(base).eval().requires_grad_(False)  # the trainer's copy to gather into (setup, under FSDP2)
+    from bppo_kit.distributed import gather_into
+    from bppo_kit.plan import LiveBytes  # the sync's peak: weight by weight, and the whole state dict at once
+    with LiveBytes(keep=list(gen.state_dict().values())) as live: gather_into(d, model, gen)  # one weight at a time
+    res["sync_peak"] = live.peaks.get("update", 0)
+    with LiveBytes(keep=list(gen.state_dict().values())) as live2: gen.load_state_dict(full_state_dict(d, model))
+    res["sync_peak_whole"] = live2.peaks.get("update", 0)
+    res["model_bytes"] = sum(4 * p.numel() for p in base.parameters())
     Session(model, tok, opt, None, None, eng, None, gen=gen, dist=d).refresh_engine()
     res["engine_sync_keys"] = sorted(eng.got) == sorted(full)
     res["engine_sync_diff"] = max((eng.got[k] - full[k]).abs().max().item() for k in full)
