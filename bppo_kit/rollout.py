@@ -804,9 +804,11 @@ class VLLMEngine(Engine):
          "new tokens")
         from bppo_kit.policy import resolve_policy_path
         r = cfg.rollout
+        # never past the model's own context, which vLLM refuses (a longer request is refused per request instead)
+        ctx = min(r.max_prompt_tokens + r.max_new_tokens,
+                  getattr(model.config, "max_position_embeddings", None) or 1 << 30)
         return cls(model, tok, resolve_policy_path(cfg.model.name_or_path), r.gpu_memory_utilization,
-                   max_model_len=r.max_prompt_tokens + r.max_new_tokens, dtype=cfg.model.dtype,
-                   seed=cfg.train.seed, dist=dist)
+                   max_model_len=ctx, dtype=cfg.model.dtype, seed=cfg.train.seed, dist=dist)
 
     @classmethod
     def memory(cls, cfg, seqs: int, seq_tokens: int, kv_per_token: int, weight_bytes: int,

@@ -176,3 +176,13 @@ def test_ddp_one_engine_per_process_on_its_own_device(ckpt, tmp_path):
         built[rank] = llm["env"]
         check_discipline(events)
     assert built == {r: dict(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2") for r in (0, 1)}
+
+
+def test_context_never_past_the_models(vllm, ckpt, tmp_path):
+    "rollout.max_prompt_tokens + max_new_tokens past the model's context: vLLM gets the model's (it refuses more)"
+    over = [x for x in SMALL if not x.startswith("rollout.max_prompt_tokens")] + ["rollout.max_prompt_tokens=4096"]
+    cfg = get_config(PRESETS[1], overrides=over + [f"model.name_or_path={ckpt}", "train.steps=1",
+                                                   f"train.out={tmp_path / 'run'}"])
+    train(cfg, progress=False, evaluate_every=False)
+    ctx = Qwen2ForCausalLM.config_class.from_pretrained(ckpt).max_position_embeddings
+    assert vllm.EVENTS[0]["max_model_len"] == ctx < 4096 + cfg.rollout.max_new_tokens
