@@ -30,7 +30,8 @@ records `checks` (name -> bool); the run exits 1 if a section failed or a check 
 3. `kernel`: forward + backward at N = 16,384 as the trainer runs it in bfloat16 mode (update lesson, `head_inputs`):
    under bfloat16 autocast, float32 hidden states and an fp32 master head cast to bfloat16 (the casts are timed; W's
    fp32 gradient accumulates), for the full-logits path (autocast casts its matmul), `chunked` and `auto` (Triton on
-   CUDA); median of 3 by CUDA events, peak memory above the inputs, the loss's error against float64.
+   CUDA); median of 3 by CUDA events, peak memory above the inputs, the loss's error against float64; on CUDA a
+   pass/fail line: Triton, the trainer's default there, at least as fast as the chunked path.
 4. `memory`: the peak memory of one `bppo_kit.update.update` call (1.5B shape, float32 masters, bfloat16 autocast,
    fused loss, gradient checkpointing, AdamW; 4 sequences of 256 prompt + T response tokens per micro-batch, 2
    micro-batches), beside what the trainer keeps through an update (a bfloat16 generation copy, the kit engine's KV
@@ -297,6 +298,10 @@ def kernel_section(P: dict, dev: str, res: dict):
     res["checks"] = {f"{n}_ran": n in ok for n in runs}
     # Triton sums in float32 from bf16 inputs; the chunked path runs inside autocast, whose matmuls are bf16
     if "auto" in ok: res["checks"]["auto_loss_within_1e-4"] = ok["auto"]["loss_rel_err"] < 1e-4
+    if {"auto", "chunked"} <= ok.keys():  # the trainer's default on CUDA must earn its place against the chunked path
+        res["triton_over_chunked"] = ok["chunked"]["time_s"] / ok["auto"]["time_s"]
+        if res["auto_is"] == "triton" and dev == "cuda":  # Triton's CPU interpreter (smoke) is not judged
+            res["checks"]["triton_not_slower_than_chunked"] = res["triton_over_chunked"] >= 1
 
 # ------------------------------------------------------------------------------------------------------- 4. memory
 def update_items(m: dict, T: int, vocab: int, seed: int) -> list:
@@ -652,6 +657,11 @@ def summary(result: dict) -> str:
         r = s.get("triton", {}).get(dt)
         if r: lines.append(f"triton     {dt:9s} err loss {r['errors']['loss']:.1e} dH {r['errors']['dH']:.1e} "
                            f"dW {r['errors']['dW']:.1e}; repeat identical={r['repeat']['identical']}")
+    kn = s.get("kernel", {})
+    if "triton_over_chunked" in kn:
+        verdict = kn.get("checks", {}).get("triton_not_slower_than_chunked")
+        lines.append(f"kernel     auto ({kn['auto_is']}) {kn['triton_over_chunked']:.2f}x the chunked path's speed: "
+                     + {True: "PASS", False: "FAIL", None: "not judged (no CUDA)"}[verdict])
     for impl, r in s.get("kernel", {}).get("runs", {}).items():
         lines.append(f"kernel     {impl:8s} " + (f"{r['time_s'] * 1e3:8.1f} ms  {gib(r['peak_bytes'])}  loss err "
                                                  f"{r['loss_rel_err']:.1e}" if "time_s" in r else str(r)[:100]))
