@@ -195,7 +195,7 @@ def fake_vllm(new: bool, log: list):
     "A `vllm` module that logs the calls `VLLMEngine` makes: the current API (`new`) or an older one"
     eos = 1
     runner = (NS(get_model=lambda: None, reload_weights=lambda weights_iterator=None, is_checkpoint_format=True: None)
-              if new else NS(model=NS(load_weights=lambda w: log.append(("load_weights", len(w))))))
+              if new else NS(model=NS(load_weights=lambda w: log.append(("load_weights", len(list(w)))))))
     worker = NS(model_runner=runner, reload_weights=(lambda **kw: None) if new else None)
 
     class SamplingParams:
