@@ -1,5 +1,6 @@
 import os, random, sys, pytest, torch
 from pathlib import Path
+from bppo_kit.config import data_dir
 from hypothesis import settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -81,3 +82,8 @@ def moved_policy(folder: str):
         for i, p in enumerate(model.parameters()):
             p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(i)))
     return model, tok
+
+
+# a test that trains the shipped tiny policy: skipped, with the reason, on a clone without it
+needs_tiny = pytest.mark.skipif(not (data_dir() / "tiny_policy" / "config.json").exists(),
+                                reason="the shipped tiny policy is not in data/")

@@ -2,12 +2,9 @@
 the update's work), `bppo cost` on real runs, and a comparison's predicted GPU column."""
 import json, subprocess
 import pytest
-from conftest import ROOT, bppo_cmd
+from conftest import ROOT, bppo_cmd, needs_tiny
 from bppo_kit import cost as K
-from bppo_kit.config import data_dir
 
-needs_tiny = pytest.mark.skipif(not (data_dir() / "tiny_policy" / "config.json").exists(),
-                                reason="the shipped tiny policy is not in data/")
 M15 = "Qwen/Qwen2.5-1.5B-Instruct"
 SMALL = ["train.prompts_per_step=4", "rollout.group_size=4", "data.eval_size=4", "rollout.max_new_tokens=60"]
 

@@ -2,12 +2,9 @@
 one warning, never handed to an engine (which would refuse it, or crash on a GPU) (issue 43)."""
 import json, subprocess
 import pytest
-from conftest import ROOT, bppo_cmd
-from bppo_kit.config import data_dir
+from conftest import ROOT, bppo_cmd, needs_tiny
 from bppo_kit.data import write_jsonl
 
-needs_tiny = pytest.mark.skipif(not (data_dir() / "tiny_policy" / "config.json").exists(),
-                                reason="the shipped tiny policy is missing (run `make sft`)")
 
 SETS = ["train.eval_every=1", "train.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=24",
         "data.eval_size=0", "train.micro_batch=8"]

@@ -274,6 +274,17 @@ def test_vllm_engine_on_fake_vllm(shipped, new):
     assert all(x[3] != [-0.5] * len(x[1]) for x in c)  # top-p truncates: recomputed by the training model
 
 
+def real_vocab_model():
+    "A one-layer Qwen2 with Qwen2.5's 151,936-token vocabulary (random weights) and the shipped character tokenizer"
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from bppo_kit.policy import char_tokenizer
+    tok = char_tokenizer()
+    cfg = Qwen2Config(vocab_size=151936, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1, eos_token_id=None, pad_token_id=tok.pad_token_id)
+    torch.manual_seed(0)
+    return Qwen2ForCausalLM(cfg).eval(), tok, cfg
+
+
 def hf_generate_peak(m, tok, new_tokens: int, rows: int = 8) -> int:
     "Peak bytes of the tensors one HFEngine.generate call allocates (weights excluded), by the planner's LiveBytes"
     from bppo_kit.plan import LiveBytes
@@ -285,14 +296,7 @@ def hf_generate_peak(m, tok, new_tokens: int, rows: int = 8) -> int:
 
 def test_hf_engine_keeps_no_logits_per_step():
     "At Qwen2.5's vocabulary, a longer generate grows like the KV cache, not like vocabulary x steps (issue 43)"
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-    from bppo_kit.policy import char_tokenizer
-    tok = char_tokenizer()
-    cfg = Qwen2Config(vocab_size=151936, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                      num_attention_heads=2, num_key_value_heads=1, eos_token_id=None,
-                      pad_token_id=tok.pad_token_id)
-    torch.manual_seed(0)
-    m = Qwen2ForCausalLM(cfg).eval()
+    m, tok, cfg = real_vocab_model()
     rows, short, long = 8, 8, 40
     grow = hf_generate_peak(m, tok, long, rows) - hf_generate_peak(m, tok, short, rows)
     logits_kept = (long - short) * rows * cfg.vocab_size * 4  # what output_logits would add: 156 MB here
@@ -301,15 +305,9 @@ def test_hf_engine_keeps_no_logits_per_step():
 
 def test_vllm_recompute_never_makes_full_logits():
     "top-p/top-k with vLLM: the log-prob recompute goes through the head a few positions at a time (issue 43)"
-    from transformers import Qwen2Config, Qwen2ForCausalLM
     from bppo_kit.plan import LiveBytes
-    from bppo_kit.policy import char_tokenizer
     from bppo_kit.rollout import Completion, VLLMEngine
-    tok = char_tokenizer()
-    cfg = Qwen2Config(vocab_size=151936, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                      num_attention_heads=2, num_key_value_heads=1, pad_token_id=tok.pad_token_id)
-    torch.manual_seed(0)
-    m = Qwen2ForCausalLM(cfg).eval()
+    m, tok, cfg = real_vocab_model()
     cs = [Completion(i, [5, 6, 7, 8], [9 + (i * j) % 20 for j in range(40)], "", [], "length") for i in range(4)]
     full = pack([c.prompt_ids for c in cs], [c.completion_ids for c in cs], tok.pad_token_id)
     with torch.no_grad(): want = completion_logprobs(m, full, temperature=0.8)
