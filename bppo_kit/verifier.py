@@ -14,11 +14,11 @@ from multiprocessing.connection import wait as _wait_conns
 from fastcore.basics import patch
 
 # %% auto #0
-__all__ = ['MAX_CHARS', 'MAX_ANSWER', 'TASK_POLICIES', 'HARD_MARGIN', 'WORKER_MEMORY', 'CACHE', 'ANCHORED', 'FORMAT_RULES',
-           'DEFAULT_WORKERS', 'Score', 'clean_text', 'last_boxed', 'boxed_answer', 'looks_bare', 'answer_tag',
-           'extract_answer', 'Policy', 'gold_answer', 'normalize_answer', 'to_number', 'answer_forms', 'numbers_equal',
-           'quick_equal', 'too_big', 'symbolic_equal', 'plain_math_verify', 'have_math_verify', 'SymbolicPool',
-           'get_pool', 'check_format', 'score', 'score_batch', 'reward_fn', 'agreement']
+__all__ = ['MAX_CHARS', 'MAX_ANSWER', 'TASK_POLICIES', 'HARD_MARGIN', 'WORKER_MEMORY', 'START_TIMEOUT', 'CACHE', 'ANCHORED',
+           'FORMAT_RULES', 'DEFAULT_WORKERS', 'Score', 'clean_text', 'last_boxed', 'boxed_answer', 'looks_bare',
+           'answer_tag', 'extract_answer', 'Policy', 'gold_answer', 'normalize_answer', 'to_number', 'answer_forms',
+           'numbers_equal', 'quick_equal', 'too_big', 'symbolic_equal', 'plain_math_verify', 'have_math_verify',
+           'SymbolicPool', 'get_pool', 'check_format', 'score', 'score_batch', 'reward_fn', 'agreement']
 
 # %% ../nbs/08_verifier.ipynb #979b7d17
 @dataclass(frozen=True)
@@ -953,48 +953,6 @@ def plain_math_verify(pred: str, gold: str) -> bool:
     from math_verify import parse, verify
     return bool(verify(parse(_dollars(gold)), parse(_dollars(pred))))
 
-# %% ../nbs/08_verifier.ipynb #cd814de2
-HARD_MARGIN = 0.5  # seconds a worker may overrun its soft deadline before it is killed
-WORKER_MEMORY = 2 << 30  # bytes of address space a worker may add to what it inherits
-
-class _Deadline(BaseException):
-    "The worker's soft deadline (a BaseException, so library code that catches Exception cannot swallow it)"
-
-def _on_alarm(signum, frame): raise _Deadline()
-
-def _limit_memory(extra: int):
-    try:
-        import resource
-        with open("/proc/self/statm") as f: vm = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
-        _, hard = resource.getrlimit(resource.RLIMIT_AS)
-        lim = vm + extra if hard == resource.RLIM_INFINITY else min(vm + extra, hard)
-        resource.setrlimit(resource.RLIMIT_AS, (lim, hard))
-    except (OSError, ValueError, ImportError): pass
-
-_JOBS = {"ours": symbolic_equal, "plain": lambda preds, golds: plain_math_verify(preds[0], golds[0])}
-def _run_job(job) -> bool | None:
-    "Run one (kind, preds, golds, soft_timeout) job; None if the soft deadline passed"
-    kind, preds, golds, soft = job
-    if kind == "ours": signal.setitimer(signal.ITIMER_REAL, max(soft, 0.01))  # "plain" sets its own alarms
-    try: return bool(_JOBS[kind](preds, golds))
-    except _Deadline: return None
-    except (Exception, RecursionError, MemoryError): return False
-    finally: signal.setitimer(signal.ITIMER_REAL, 0)
-
-def _serve(conn, parent_end=None):
-    "A worker's main loop: answer jobs from `conn` until it closes"
-    if parent_end is not None: parent_end.close()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGALRM, _on_alarm)
-    _limit_memory(WORKER_MEMORY)
-    sys.setrecursionlimit(5000)
-    while True:
-        try: job = conn.recv()
-        except (EOFError, OSError): return
-        try: res = _run_job(job)
-        except _Deadline: res = None
-        conn.send(res)
-
 # %% ../nbs/08_verifier.ipynb #92961d4b
 _WARM_CASES = [("\\frac{1}{2}", "0.5"), ("x > 2", "(2,\\infty)"),
                ("(x+1)^2", "x^2+2x+1"), ("\\{1,2\\}", "2,1"),
@@ -1016,6 +974,52 @@ def have_math_verify() -> bool:
         _MV["warned"] = True
     return ok
 
+# %% ../nbs/08_verifier.ipynb #86fa253c
+HARD_MARGIN = 0.5  # seconds a worker may overrun its soft deadline before it is killed
+WORKER_MEMORY = 2 << 30  # bytes of address space a worker may add to what it inherits
+
+class _Deadline(BaseException):
+    "The worker's soft deadline (a BaseException, so library code that catches Exception cannot swallow it)"
+
+def _on_alarm(signum, frame): raise _Deadline()
+
+def _limit_memory(extra: int):
+    try:
+        import resource
+        with open("/proc/self/statm") as f: vm = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        _, hard = resource.getrlimit(resource.RLIMIT_AS)
+        lim = vm + extra if hard == resource.RLIM_INFINITY else min(vm + extra, hard)
+        resource.setrlimit(resource.RLIMIT_AS, (lim, hard))
+    except (OSError, ValueError, ImportError): pass
+
+
+# %% ../nbs/08_verifier.ipynb #cd814de2
+_JOBS = {"ours": symbolic_equal, "plain": lambda preds, golds: plain_math_verify(preds[0], golds[0])}
+def _run_job(job) -> bool | None:
+    "Run one (kind, preds, golds, soft_timeout) job; None if the soft deadline passed"
+    kind, preds, golds, soft = job
+    if kind == "ours": signal.setitimer(signal.ITIMER_REAL, max(soft, 0.01))  # "plain" sets its own alarms
+    try: return bool(_JOBS[kind](preds, golds))
+    except _Deadline: return None
+    except (Exception, RecursionError, MemoryError): return False
+    finally: signal.setitimer(signal.ITIMER_REAL, 0)
+
+def _serve(conn, parent_end=None):
+    "A worker's main loop: warm up, say `ready`, then answer jobs from `conn` until it closes"
+    if parent_end is not None: parent_end.close()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGALRM, _on_alarm)
+    _warm_up()  # nothing to do in a worker forked from a warm parent
+    _limit_memory(WORKER_MEMORY)
+    sys.setrecursionlimit(5000)
+    conn.send("ready")
+    while True:
+        try: job = conn.recv()
+        except (EOFError, OSError): return
+        try: res = _run_job(job)
+        except _Deadline: res = None
+        conn.send(res)
+
 # %% ../nbs/08_verifier.ipynb #0f6b9ba7
 class SymbolicPool:
     ("Worker processes that run symbolic checks under a hard time limit; a worker that overruns is killed "
@@ -1031,8 +1035,11 @@ class SymbolicPool:
         with self.lock: self.workers += [None] * max(0, n - len(self.workers))
 
 # %% ../nbs/08_verifier.ipynb #5c325708
+START_TIMEOUT = 300.0  # seconds a new worker may take to warm up (never counted against a job)
+
 @patch
 def _start(self: SymbolicPool, i: int):
+    "Fill slot `i` with a worker and wait until it is warm"
     if self.method == "fork": _warm_up()
     a, b = self.ctx.Pipe()
     p = self.ctx.Process(target=_serve, args=(b, a if self.method == "fork" else None),
@@ -1040,6 +1047,11 @@ def _start(self: SymbolicPool, i: int):
     p.start()
     b.close()
     self.workers[i] = (p, a)
+    try: ready = a.poll(START_TIMEOUT) and a.recv() == "ready"
+    except (EOFError, OSError): ready = False
+    if not ready:
+        self._kill(i)
+        raise RuntimeError(f"a verifier worker ({self.method}) did not start within {START_TIMEOUT:.0f} s")
 
 @patch
 def _kill(self: SymbolicPool, i: int):
@@ -1053,7 +1065,8 @@ def _kill(self: SymbolicPool, i: int):
     conn.close()
 
 @patch
-def _alive(self: SymbolicPool, i: int) -> bool: return self.workers[i] is not None and self.workers[i][0].is_alive()
+def _alive(self: SymbolicPool, i: int) -> bool:
+    return self.workers[i] is not None and self.workers[i][0].is_alive()
 
 @patch
 def close(self: SymbolicPool):
@@ -1074,11 +1087,10 @@ def run(self: SymbolicPool, jobs: list[tuple], # (kind, pred forms, gold forms) 
         while todo or busy:
             for i in range(len(self.workers)):
                 if i in busy or not todo: continue
-                # starting a worker counts against the job's time
-                j, t0 = todo.popleft(), time.monotonic()
                 if not self._alive(i):
                     self._kill(i)
                     self._start(i)
+                j, t0 = todo.popleft(), time.monotonic()  # a job's time starts when its worker is warm
                 try: self.workers[i][1].send((*jobs[j], timeout))
                 except (OSError, ValueError):  # died between check and send: no verdict
                     self._kill(i)

@@ -184,30 +184,41 @@ HOSTILE = {
 # a test that asserts a time bound runs alone (marker `serial`), never beside another pytest-xdist worker
 timed = pytest.mark.serial
 
+@pytest.fixture(scope="module")
+def slack():
+    """Seconds a bound allows beyond the contract (`timeout + HARD_MARGIN`) on this machine: ten times what a fork,
+    a warm check and a kill take here, and at least 0.5 s. It also warms this process, as a trainer's first step
+    does, so that no bound below counts math-verify's import"""
+    assert V.get_pool(1).run([("ours", ("\\sqrt{8}",), ("2\\sqrt{2}",))], timeout=5.0) == [True]
+    pool, t = SymbolicPool(1), time.perf_counter()
+    try: assert pool.run([("ours", ("\\sqrt{18}",), ("3\\sqrt{2}",))], timeout=5.0) == [True]
+    finally: pool.close()
+    return max(0.5, 10 * (time.perf_counter() - t))
+
 @pytest.fixture
 def marker(tmp_path):
     return tmp_path / "pwned"
 
 @timed
 @pytest.mark.parametrize("name", list(HOSTILE))
-def test_hostile_completion_is_bounded_and_inert(name, marker):
+def test_hostile_completion_is_bounded_and_inert(name, marker, slack):
     text = HOSTILE[name].replace("{marker}", str(marker))
     for task in ("auto", "math", "synthetic"):
         t = time.perf_counter()
         s = score(text, "7", task, timeout=2.0)
         took = time.perf_counter() - t
         assert isinstance(s, Score) and isinstance(s.reward, float)
-        assert took < 2.0 + 1.0, f"{name}/{task} took {took:.2f}s"
+        assert took < 2.0 + HARD_MARGIN + slack, f"{name}/{task} took {took:.2f}s (slack {slack:.2f}s)"
     assert not marker.exists()
     assert not score(text, "12345").correct  # ((((7)))) may equal 7; nothing here equals 12345
 
 @timed
 @pytest.mark.parametrize("name", ["import", "tower4", "parens-10k", "digits-2MB", "empty", "control"])
-def test_hostile_gold_is_bounded(name, marker):
+def test_hostile_gold_is_bounded(name, marker, slack):
     gold = HOSTILE[name].replace("{marker}", str(marker))
     t = time.perf_counter()
     assert isinstance(score("\\boxed{7}", gold, timeout=2.0), Score)
-    assert time.perf_counter() - t < 3.0 and not marker.exists()
+    assert time.perf_counter() - t < 2.0 + HARD_MARGIN + slack and not marker.exists()
 
 LONG = ["1" * 999, "1_" * 499, "(" * 999, "\\frac{" * 160, "a " * 499, "x=" * 499, "\\text{" * 160, "$" * 999,
         "10^" * 330, "1," * 499, "\\sqrt" * 199, "9" * 998 + "_8", "1 " * 499 + "dollars", "\\left(" * 160,
@@ -216,12 +227,12 @@ LONG = ["1" * 999, "1_" * 499, "(" * 999, "\\frac{" * 160, "a " * 499, "x=" * 49
 
 @timed
 @pytest.mark.parametrize("s", LONG, ids=range(len(LONG)))
-def test_answer_level_regexes_are_linear(s):
+def test_answer_level_regexes_are_linear(s, slack):
     "Answers up to `MAX_ANSWER` characters (and golds of any length) are normalized and compared in bounded time"
     t = time.perf_counter()
     for pred, gold in ((f"\\boxed{{{s}}}", "7"), ("\\boxed{7}", s), (s, s + "1"), (s * 3, s * 3)):
         assert isinstance(score(pred, gold, timeout=1.0), Score)
-    assert time.perf_counter() - t < 4 * (1.0 + HARD_MARGIN)  # the contract: each of 4 calls within timeout + margin
+    assert time.perf_counter() - t < 4 * (1.0 + HARD_MARGIN) + slack  # each of 4 calls within timeout + margin
 
 def test_non_string_inputs():
     assert score(None, "7") == Score(False, 0.0, None, False)
@@ -238,7 +249,7 @@ def test_process_is_healthy_after_hostile_inputs():
     assert score("#### 18", "18", "synthetic").correct
 
 @timed
-def test_native_hang_is_killed_and_the_worker_replaced():
+def test_native_hang_is_killed_and_the_worker_replaced(slack):
     "A job that blocks SIGALRM and sleeps stands for a parser stuck in C code: only the hard limit can end it"
     def hang(preds, golds):
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
@@ -248,28 +259,41 @@ def test_native_hang_is_killed_and_the_worker_replaced():
     try:
         t = time.perf_counter()
         assert pool.run([("hang", ("",), ("",))], timeout=0.5) == [None]
-        assert time.perf_counter() - t < 0.5 + HARD_MARGIN + 1.0
+        assert time.perf_counter() - t < 0.5 + HARD_MARGIN + slack
         assert pool.kills == 1
         assert pool.run([("ours", ("\\sqrt{8}",), ("2\\sqrt{2}",))], timeout=2.0) == [True]
     finally:
         pool.close(); del V._JOBS["hang"]
 
-FRESH = """
-import signal, time
+FRESH = r"""
+import json, signal, sys, time
 from bppo_kit import verifier as V
 def hang(preds, golds):
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM}); time.sleep(60)
 V._JOBS["hang"] = hang
-t = time.perf_counter(); r = V.get_pool().run([("hang", ("",), ("",))], timeout=2.0)
-print(r[0], time.perf_counter() - t)
+warm_up = V._warm_up
+def slow_warm_up():  # a machine on which warming up takes longer than a check may
+    if "warm" not in V._MV: time.sleep(float(sys.argv[1]))
+    warm_up()
+V._warm_up = slow_warm_up
+t = time.perf_counter(); first = V.score("\\boxed{\\sqrt{8}}", "2\\sqrt{2}", timeout=1.0).correct
+out = {"first": first, "first_s": time.perf_counter() - t, "hangs": []}
+for _ in range(2):  # the second hang starts a replacement worker, as every hang after a kill does
+    t = time.perf_counter(); r = V.get_pool().run([("hang", ("",), ("",))], timeout=1.0)
+    out["hangs"].append((r[0], time.perf_counter() - t))
+print(json.dumps(out))
 """
 
 @timed
-def test_first_check_in_a_fresh_process_is_bounded():
-    "The first symbolic check of a process also imports math-verify and forks a worker: that counts against its time"
+def test_first_check_in_a_fresh_process_is_right_and_later_ones_bounded(slack):
+    """The first symbolic check of a process imports math-verify and warms up (seconds): that time never counts
+    against the check, so a warm-up slower than the check's whole time still gives the right verdict; after it, a
+    check that hangs in native code ends within its time, and so does one in a replacement worker"""
     import subprocess
-    out = subprocess.run([sys.executable, "-c", FRESH], capture_output=True, text=True, timeout=60).stdout.split()
-    assert out[0] == "None" and float(out[1]) < 2.0 + 1.0, out
+    run = subprocess.run([sys.executable, "-c", FRESH, "2.0"], capture_output=True, text=True, timeout=120)
+    out = json.loads(run.stdout.splitlines()[-1])
+    assert out["first"] is True and out["first_s"] > 2.0, out  # warm-up (2 s slower here) was not the check's time
+    for verdict, took in out["hangs"]: assert verdict is None and took < 1.0 + HARD_MARGIN + slack, (out, slack)
 
 SAFE = re.compile(r"[0-9A-Za-z. ]*")  # numbers and bare names: nothing to call, no strings, no dunders
 
