@@ -196,7 +196,9 @@ _CODE = re.compile(
     r"|^\w*(?:Error|Exception):|^[ \t]*\[?(?:INFO|DEBUG|WARN(?:ING)?|ERROR|TRACE|FATAL|CRITICAL)\b"
     r"|\d\d:\d\d:\d\d[.,]\d{3}|\b[A-Za-z_]\w+=[^\s=]+[;,]?[ \t]+[A-Za-z_]\w+=|\b\d{4}-\d\d-\d\d[ T]\d\d:\d\d"
     r"|(?<![A-Za-z])(?:INFO|DEBUG|WARNING|WARN|ERROR|TRACE|FATAL|CRITICAL)[\]:]|^[ \t]*\[\d+\][ \t]+-?\d"
-    r"|\([ \t]*-?[\d.]+[ \t]*,[ \t]*\)|^[ \t]*\|.*\|[ \t]*$", re.M)
+    r"|\([ \t]*-?[\d.]+[ \t]*,[ \t]*\)|^[ \t]*\|.*\|[ \t]*$"
+    # lambda: 42, ${6*7}, {{ 6*7 }}
+    r"|\blambda\b[^:\n]{0,40}:|=>|\$\{[^{}\n]{0,80}\}|\{\{\s[^{}\n]{0,80}\s\}\}", re.M)
 # a table row: a rule (+---+, |---|), cells split by " | ", or columns split by runs of spaces
 _TABLE_ROW = re.compile(r"^[ \t]*[|+][-=+| \t]*[|+][ \t]*$|^[^\n|]*\S[ \t]+\|[ \t]+\S[^\n]*$"
                         r"|^[ \t]*\S+(?:[ \t]{2,}\S+)+[ \t]*$", re.M)
@@ -331,6 +333,7 @@ def _is_prose(mask: str) -> bool:
     words = re.findall(r"[A-Za-z]{2,}", mask)
     return len(words) >= 2 and mask.rstrip(" \t\"')”").endswith((".", "!")) and not _CODE.search(mask)
 
+_FINAL_BRACKET = re.compile(r"(?:\b(?:is|are|was|equals|be)|[:=])\s*\[\s*([-+]?\d[\d,]*(?:\.\d+)?)\s*\]\W*$")
 def _fallback(text: str):
     ("The last math span or number of the closing sentence, when that sentence states a result; else "
      "(None, None)")
@@ -338,6 +341,7 @@ def _fallback(text: str):
     if (closing := _closing_sentence(text)) is None: return None, None
     sent, mask = closing
     if (_REFUSAL.search(text) or _looks_like_code(text)) and not _is_prose(mask): return None, None
+    if m := _FINAL_BRACKET.search(sent): return m.group(1), "number"  # The angle is [90].
     spans = [m for m in _SPAN.finditer(sent) if mask[m.start()] == "\x00" and _span_content(m)]
     nums = list(_NUMBER.finditer(mask))
     if spans and not (nums and nums[-1].start() > spans[-1].end()): last, how = spans[-1], "math"
@@ -421,6 +425,7 @@ TASK_POLICIES = {  # task -> extraction policy
     "math500": Policy(), "aime24": Policy(), "amc23": Policy(), "geo3k": Policy(), "auto": Policy()}
 
 # %% ../nbs/08_verifier.ipynb #71e30bbd
+_ANSWER_IS = re.compile(r"(?i)^\s*(?=answer\s*(?:is\b|:))")  # a gold that opens "answer is 12"
 def gold_answer(gold, # the reference: bare, `... #### N`, a solution with `\boxed{}`, or a number
                 task: str = "auto") -> str: # the data set it comes from (a key of `TASK_POLICIES`)
     "The bare answer in a gold reference"
@@ -434,7 +439,7 @@ def gold_answer(gold, # the reference: bare, `... #### N`, a solution with `\box
         b = boxed_answer(g)
         if b is not None: g = b[1]
     elif ((len(g) > 30 or "nswer" in g) and not looks_bare(g)
-          and (a := extract_answer(g, False, bare=False))[1] == "phrase"):
+          and (a := extract_answer(_ANSWER_IS.sub("The ", g), False, bare=False))[1] == "phrase"):
         g = a[0]  # Final Answer: The final answer is $28 \\%$. I hope it is correct. | The answer is 1000.
     g = g.strip()
     if re.fullmatch(r"-?\d+\.0+", g): g = g.split(".")[0]  # AMC: 27.0 -> 27
@@ -721,6 +726,9 @@ _FUNC = r"[A-Za-z](?:\^\{?-1\}?)?\s*\(\s*[A-Za-z]\s*\)"  # f(x), g(t), f^{-1}(x)
 _ASSIGN = re.compile(rf"\s*(?:[A-Za-z](?:_\{{?\w{{1,3}}\}}?)?|{_FUNC})\s*=\s*([^=]+)")
 _ASSIGN_R = re.compile(r"\s*([^=]+?)\s*=\s*[A-Za-z](?:_\{?\w{1,3}\}?)?\s*")  # 5 = x
 _FUNC_EQ = re.compile(rf"\s*(?:y|{_FUNC})\s*=\s*([^=]+)")  # y = 2x+3 and f(x) = 2x+3 name the same function
+_CLOSED = re.compile(r"(?:\\[A-Za-z]+|\bmod\b|[^A-Za-z])*")  # no variable: numbers, operators, commands
+_NAME = r"[A-Za-z](?:_\{?\w{1,3}\}?)?"
+_NAMES = re.compile(rf"\s*(?:{_FUNC}|\(?\s*{_NAME}(?:\s*,\s*{_NAME})*\s*\)?)\s*")  # x, a_1, f(x), (a, b)
 _EQUALS = re.compile(r"(?<![<>!:=\\])=(?!=)")
 _COLUMN = re.compile(r"\\begin\{[pb]matrix\}([^&]*?)\\end\{[pb]matrix\}", re.DOTALL)
 _HOUR = re.compile(r"(\d{1,2})\s*[ap]\.?\s*m\.?", re.I)  # 6 p.m.: a time on the hour
@@ -734,8 +742,10 @@ def answer_forms(s: str, other: str) -> list[str]:
         parts = _split_top(n)
         rhs = [_ASSIGN.fullmatch(p) or _ASSIGN_R.fullmatch(p) for p in parts]
         if all(rhs): forms.append(", ".join(m.group(1).strip() for m in rhs))
-        # 85 \bmod 3 = 2: the 2
-        if len(parts) == 1 and (side := _EQUALS.split(n)[-1].strip()): forms.append(side)
+        # 85 \bmod 3 = 2: the 2; but x^2 + y^2 = 25 is an equation, not the number 25
+        sides = _EQUALS.split(n)
+        if len(parts) == 1 and _CLOSED.fullmatch("".join(sides[:-1])) and sides[-1].strip():
+            forms.append(sides[-1].strip())
     elif "=" in n and (m := _FUNC_EQ.fullmatch(n)) and _FUNC_EQ.fullmatch(o): forms.append(m.group(1).strip())
     if _BASE.fullmatch(n) and "_" not in o: forms.append(n.split("_")[0])  # 52_8 vs 52: the base was implied
     # 6 p.m. against a bare number: the hour as written (against a time, `_clock` compares it as 18:00)
@@ -782,6 +792,7 @@ def numbers_equal(a: str, b: str, places: int = 4) -> bool | None:
     if pa != pb and ((pa and x * 100 == y) or (pb and y * 100 == x)): return True
     decimal = lambda s: ("." in s and "/" not in s and "frac" not in s and "overline" not in s
                          and "bar" not in s)
+    if decimal(a) and decimal(b) and (_rounds_to(a, x, y, places) or _rounds_to(b, y, x, places)): return True
     if (decimal(a) and not _terminating(y) and _rounds_to(a, x, y, places)) or (
             decimal(b) and not _terminating(x) and _rounds_to(b, y, x, places)): return True  # 0.3333 for 1/3
     # rounding question
@@ -839,6 +850,16 @@ def _same_phrase(p: str, g: str) -> bool:
     pairs = [(x.strip(" ,;:."), y.strip(" ,;:.")) for x, y in zip(a[::2], b[::2], strict=True)]
     return all(_key(x) == _key(y) or numbers_equal(x, y) is True for x, y in pairs)
 
+# %% ../nbs/08_verifier.ipynb #7b44391e
+def _in_order(p: str, g: str) -> bool | None:
+    "Verdict on two bare lists when either repeats a value (a sequence): the same values in the same order"
+    pp, gp = ([x.strip() for x in _split_top(f)] if f[:1] not in "([{\\" else [f] for f in (p, g))
+    if max(len(pp) - len(set(map(_key, pp))), len(gp) - len(set(map(_key, gp)))) == 0: return None
+    if len(pp) != len(gp): return False
+    same = [_key(a) == _key(b) or numbers_equal(a, b) for a, b in zip(pp, gp, strict=True)]
+    return True if all(x is True for x in same) else False if False in same else None
+
+
 # %% ../nbs/08_verifier.ipynb #1ae4292a
 def quick_equal(pred: str, gold: str) -> bool | None:
     "Fast verdict on `pred` vs `gold`: True, False, or None when symbolic equivalence must decide"
@@ -848,6 +869,9 @@ def quick_equal(pred: str, gold: str) -> bool | None:
     ps, gs = answer_forms(pred, gold), answer_forms(gold, pred)
     if not ps[0] or not gs[0]: return False
     if any(_key(p) == _key(g) for p in ps for g in gs): return True
+    # a + b = 10 is an equation: a bare 10 states one of its sides (x = 10 and (a, b) = (1, 2) name values)
+    if (all(_EQUALS.search(g) for g in gs) and not any(_EQUALS.search(p) for p in ps)
+            and not _NAMES.fullmatch(_EQUALS.split(gs[0])[0])): return False
     # 52_8 vs 52_9, or 41_8 vs 52_7: not the same
     if _BASE.fullmatch(ps[0]) and _BASE.fullmatch(gs[0]): return False
     # the point (1, 2) is not the set {1, 2}
@@ -855,6 +879,8 @@ def quick_equal(pred: str, gold: str) -> bool | None:
     # 11 6/6
     if ("/" in ps[0] or "/" in gs[0]) and (_broken_mixed(ps[0]) or _broken_mixed(gs[0])): return False
     if ps[0][:1] in "([\\" and gs[0][:1] in "([\\" and _entrywise(ps[0], gs[0]): return True  # (0.6, 2.6667]
+    # 1, 1, 2: a sequence
+    if "," in ps[0] and "," in gs[0] and (v := _in_order(ps[0], gs[0])) is not None: return v
     verdicts = [numbers_equal(p, g) for p in ps for g in gs]
     if True in verdicts: return True
     if None not in verdicts: return False
@@ -1173,7 +1199,17 @@ def _phrase_reply(text: str, gold: str) -> str | None:
         if quick_equal(c, gold) is True: return c
     return None
 
+# %% ../nbs/08_verifier.ipynb #93eff6d8
+def _boxed_parts(text: str, gold: str) -> str | None:
+    "The last `k` boxes of `text`, joined, when the gold lists `k` > 1 parts and each box is its part in order"
+    parts = _split_top(gold) if "," in gold else []
+    boxes = [c for _, c in _boxed_spans(text) if c.strip()][-len(parts):] if len(parts) > 1 else []
+    if len(boxes) != len(parts) or not boxes: return None
+    return ", ".join(boxes) if all(quick_equal(b, g.strip()) is True for b, g in zip(boxes, parts)) else None
+
+
 # %% ../nbs/08_verifier.ipynb #186ed6aa
+_TEMPLATE = re.compile(r"\blambda\b[^:\n]{0,40}:|=>|\$\{|\{\{\s[^{}\n]{0,80}\s\}\}")  # lambda: 42, ${6*7}
 def _prepare(completion, gold, task: str, format_rule: str):
     ("(extracted, format_ok, verdict or None, job) for one pair; the job is for a worker when the "
      "verdict is None")
@@ -1189,12 +1225,17 @@ def _prepare(completion, gold, task: str, format_rule: str):
     # a phrase, as written
     if " " in g and (said := _phrase_reply(part, g)) is not None: return said, fmt, True, None
     if pred is None: return None, fmt, False, None
+    if _TEMPLATE.search(pred): return pred, fmt, False, None  # graded on what it states, not what it computes
     verdict = quick_equal(pred, g)
+    if verdict is not True and how == "boxed" and (each := _boxed_parts(part, g)):
+        pred, verdict = each, True  # a) \boxed{3}  b) \boxed{5}: one box per part of the gold
     if verdict is not None: return pred, fmt, verdict, None
     ps, gs = answer_forms(pred, g), answer_forms(g, pred)
     if any(too_big(x) for x in ps + gs): return pred, fmt, False, None
     return pred, fmt, None, ("ours", tuple(ps), tuple(gs))
 
+
+# %% ../nbs/08_verifier.ipynb #2261ed47
 def _reward(ok: bool, fmt: bool, correct_weight: float, format_weight: float) -> float:
     return float(correct_weight * ok + (format_weight if fmt else -format_weight))
 
