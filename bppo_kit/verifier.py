@@ -198,7 +198,7 @@ _CODE = re.compile(
     r"|(?<![A-Za-z])(?:INFO|DEBUG|WARNING|WARN|ERROR|TRACE|FATAL|CRITICAL)[\]:]|^[ \t]*\[\d+\][ \t]+-?\d"
     r"|\([ \t]*-?[\d.]+[ \t]*,[ \t]*\)|^[ \t]*\|.*\|[ \t]*$"
     # lambda: 42, ${6*7}, {{ 6*7 }}
-    r"|\blambda\b[^:\n]{0,40}:|=>|\$\{[^{}\n]{0,80}\}|\{\{\s[^{}\n]{0,80}\s\}\}", re.M)
+    r"|\blambda\b[^:\n]{0,40}:|\([\w\s,]{0,40}\)\s*=>|\$\{[^{}\n]{0,80}\}|\{\{\s[^{}\n]{0,80}\s\}\}", re.M)
 # a table row: a rule (+---+, |---|), cells split by " | ", or columns split by runs of spaces
 _TABLE_ROW = re.compile(r"^[ \t]*[|+][-=+| \t]*[|+][ \t]*$|^[^\n|]*\S[ \t]+\|[ \t]+\S[^\n]*$"
                         r"|^[ \t]*\S+(?:[ \t]{2,}\S+)+[ \t]*$", re.M)
@@ -1209,7 +1209,7 @@ def _boxed_parts(text: str, gold: str) -> str | None:
 
 
 # %% ../nbs/08_verifier.ipynb #186ed6aa
-_TEMPLATE = re.compile(r"\blambda\b[^:\n]{0,40}:|=>|\$\{|\{\{\s[^{}\n]{0,80}\s\}\}")  # lambda: 42, ${6*7}
+_TEMPLATE = re.compile(r"\blambda\b[^:\n]{0,40}:|\([\w\s,]{0,40}\)\s*=>|\$\{|\{\{\s[^{}\n]{0,80}\s\}\}")
 def _prepare(completion, gold, task: str, format_rule: str):
     ("(extracted, format_ok, verdict or None, job) for one pair; the job is for a worker when the "
      "verdict is None")
