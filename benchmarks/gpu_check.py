@@ -662,7 +662,7 @@ def summary(result: dict) -> str:
         verdict = kn.get("checks", {}).get("triton_not_slower_than_chunked")
         lines.append(f"kernel     auto ({kn['auto_is']}) {kn['triton_over_chunked']:.2f}x the chunked path's speed: "
                      + {True: "PASS", False: "FAIL", None: "not judged (no CUDA)"}[verdict])
-    for impl, r in s.get("kernel", {}).get("runs", {}).items():
+    for impl, r in kn.get("runs", {}).items():
         lines.append(f"kernel     {impl:8s} " + (f"{r['time_s'] * 1e3:8.1f} ms  {gib(r['peak_bytes'])}  loss err "
                                                  f"{r['loss_rel_err']:.1e}" if "time_s" in r else str(r)[:100]))
     for T, r in s.get("memory", {}).get("runs", {}).items():

@@ -180,6 +180,9 @@ def answer_tag(text: str) -> str | None:
     return None
 
 # %% ../nbs/08_verifier.ipynb #36eb4ca6
+# lambda: 42, () => 42, ${6*7}, {{ 6*7 }}
+_TEMPLATE = re.compile(r"\blambda\b[^:\n]{0,40}:|\([\w\s,]{0,40}\)\s*=>"
+                       r"|\$\{[^{}\n]{0,80}\}|\{\{\s[^{}\n]{0,80}\s\}\}")
 # program text, reprs, REPL sessions, tracebacks, logs and HTTP dumps: no answer statement
 _CODE = re.compile(
     r"```|__[A-Za-z][A-Za-z0-9_]{0,30}__|\b0x[0-9a-fA-F]{4,}|<[\w.]+ object at "
@@ -197,8 +200,7 @@ _CODE = re.compile(
     r"|\d\d:\d\d:\d\d[.,]\d{3}|\b[A-Za-z_]\w+=[^\s=]+[;,]?[ \t]+[A-Za-z_]\w+=|\b\d{4}-\d\d-\d\d[ T]\d\d:\d\d"
     r"|(?<![A-Za-z])(?:INFO|DEBUG|WARNING|WARN|ERROR|TRACE|FATAL|CRITICAL)[\]:]|^[ \t]*\[\d+\][ \t]+-?\d"
     r"|\([ \t]*-?[\d.]+[ \t]*,[ \t]*\)|^[ \t]*\|.*\|[ \t]*$"
-    # lambda: 42, ${6*7}, {{ 6*7 }}
-    r"|\blambda\b[^:\n]{0,40}:|\([\w\s,]{0,40}\)\s*=>|\$\{[^{}\n]{0,80}\}|\{\{\s[^{}\n]{0,80}\s\}\}", re.M)
+    "|" + _TEMPLATE.pattern, re.M)
 # a table row: a rule (+---+, |---|), cells split by " | ", or columns split by runs of spaces
 _TABLE_ROW = re.compile(r"^[ \t]*[|+][-=+| \t]*[|+][ \t]*$|^[^\n|]*\S[ \t]+\|[ \t]+\S[^\n]*$"
                         r"|^[ \t]*\S+(?:[ \t]{2,}\S+)+[ \t]*$", re.M)
@@ -723,11 +725,11 @@ def _expand_pm(f: str) -> str:
 
 # %% ../nbs/08_verifier.ipynb #02e9acb4
 _FUNC = r"[A-Za-z](?:\^\{?-1\}?)?\s*\(\s*[A-Za-z]\s*\)"  # f(x), g(t), f^{-1}(x)
-_ASSIGN = re.compile(rf"\s*(?:[A-Za-z](?:_\{{?\w{{1,3}}\}}?)?|{_FUNC})\s*=\s*([^=]+)")
-_ASSIGN_R = re.compile(r"\s*([^=]+?)\s*=\s*[A-Za-z](?:_\{?\w{1,3}\}?)?\s*")  # 5 = x
+_NAME = r"[A-Za-z](?:_\{?\w{1,3}\}?)?"  # x, a_1, x_{12}
+_ASSIGN = re.compile(rf"\s*(?:{_NAME}|{_FUNC})\s*=\s*([^=]+)")
+_ASSIGN_R = re.compile(rf"\s*([^=]+?)\s*=\s*{_NAME}\s*")  # 5 = x
 _FUNC_EQ = re.compile(rf"\s*(?:y|{_FUNC})\s*=\s*([^=]+)")  # y = 2x+3 and f(x) = 2x+3 name the same function
 _CLOSED = re.compile(r"(?:\\[A-Za-z]+|\bmod\b|[^A-Za-z])*")  # no variable: numbers, operators, commands
-_NAME = r"[A-Za-z](?:_\{?\w{1,3}\}?)?"
 _NAMES = re.compile(rf"\s*(?:{_FUNC}|\(?\s*{_NAME}(?:\s*,\s*{_NAME})*\s*\)?)\s*")  # x, a_1, f(x), (a, b)
 _EQUALS = re.compile(r"(?<![<>!:=\\])=(?!=)")
 _COLUMN = re.compile(r"\\begin\{[pb]matrix\}([^&]*?)\\end\{[pb]matrix\}", re.DOTALL)
@@ -792,9 +794,9 @@ def numbers_equal(a: str, b: str, places: int = 4) -> bool | None:
     if pa != pb and ((pa and x * 100 == y) or (pb and y * 100 == x)): return True
     decimal = lambda s: ("." in s and "/" not in s and "frac" not in s and "overline" not in s
                          and "bar" not in s)
-    if decimal(a) and decimal(b) and (_rounds_to(a, x, y, places) or _rounds_to(b, y, x, places)): return True
-    if (decimal(a) and not _terminating(y) and _rounds_to(a, x, y, places)) or (
-            decimal(b) and not _terminating(x) and _rounds_to(b, y, x, places)): return True  # 0.3333 for 1/3
+    # 0.3333 for 1/3; 3.14159 for the decimal 3.1416
+    if (decimal(a) and (decimal(b) or not _terminating(y)) and _rounds_to(a, x, y, places)) or (
+            decimal(b) and (decimal(a) or not _terminating(x)) and _rounds_to(b, y, x, places)): return True
     # rounding question
     if (decimal(a) and not _terminating(y)) or (decimal(b) and not _terminating(x)): return None
     return False
@@ -1204,12 +1206,11 @@ def _boxed_parts(text: str, gold: str) -> str | None:
     "The last `k` boxes of `text`, joined, when the gold lists `k` > 1 parts and each box is its part in order"
     parts = _split_top(gold) if "," in gold else []
     boxes = [c for _, c in _boxed_spans(text) if c.strip()][-len(parts):] if len(parts) > 1 else []
-    if len(boxes) != len(parts) or not boxes: return None
+    if len(parts) < 2 or len(boxes) != len(parts): return None
     return ", ".join(boxes) if all(quick_equal(b, g.strip()) is True for b, g in zip(boxes, parts)) else None
 
 
 # %% ../nbs/08_verifier.ipynb #186ed6aa
-_TEMPLATE = re.compile(r"\blambda\b[^:\n]{0,40}:|\([\w\s,]{0,40}\)\s*=>|\$\{|\{\{\s[^{}\n]{0,80}\s\}\}")
 def _prepare(completion, gold, task: str, format_rule: str):
     ("(extracted, format_ok, verdict or None, job) for one pair; the job is for a worker when the "
      "verdict is None")
