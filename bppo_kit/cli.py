@@ -130,12 +130,17 @@ def cmd_compare(args, cfg: Config) -> int:
     if args.max_steps is not None and args.budget is None:
         raise ConfigError("--max-steps: caps the runs on a budget; give --budget UNIT too")
     if args.max_steps is not None and args.max_steps < 1: raise ConfigError("--max-steps: must be >= 1")
+    fraction = getattr(args, "budget_fraction", None)
+    if fraction is not None and (args.budget is None or not 0 < fraction <= 10):
+        raise ConfigError("--budget-fraction: a share of the baseline's budget in (0, 10], "
+                          "with --budget UNIT")
     if args.chosen_in and not args.confirm:
         raise ConfigError("--chosen-in: names a confirming design's sources; give --confirm too")
     command = "bppo " + shlex.join(getattr(args, "argv", None) or sys.argv[1:])
     compare(cfg, [a.strip() for a in args.algos.split(",") if a.strip()], parse_seeds(args.seeds),
             args.out, progress=not args.quiet, tolerance=args.tolerance / 100, budget=args.budget,
-            max_steps=args.max_steps, unit=args.unit, margin=args.margin / 100, confirm=args.confirm,
+            max_steps=args.max_steps, budget_fraction=fraction or 1.0, unit=args.unit,
+            margin=args.margin / 100, confirm=args.confirm,
             chosen_in=tuple(args.chosen_in or ()), interleave=args.interleave, command=command)
     print((Path(args.out) / "report.md").read_text())
     return 0
@@ -249,6 +254,9 @@ def _compare_args(sub):
                     "same seed: decode_steps (decoding passes, a GPU's cost), generated_tokens or wall_s")
     cp.add_argument("--max-steps", type=int,
                     help="with --budget: the most steps another variant may take (default: 10x the baseline's)")
+    cp.add_argument("--budget-fraction", type=float, metavar="F",
+                    help="with --budget: the others run until they have spent F x the baseline's total "
+                    "(default 1)")
     _design_args(cp)
     return cp
 

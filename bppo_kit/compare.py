@@ -621,9 +621,11 @@ def write_report(out: Path, runs: dict[str, dict[int, Path]], # arm -> seed -> r
                                                                                         for p in s.values())}
     lines = report_head(rep) + ["## Verdicts", ""] + verdict_table(arms, rep["contrasts"], rep["design"])
     if design.get("budget"):
-        lines += ["", f"## Equal cost: {UNIT_NAMES[design['budget']]}", "", "Every arm but the baseline ran until "
-                  f"it had spent the baseline's total {UNIT_NAMES[design['budget']]} for its seed (or its cap on "
-                  "steps): its final accuracy is its accuracy at that cost.", "", "![equal cost](equal_cost.png)"]
+        share, name = design.get("budget_fraction") or 1.0, UNIT_NAMES[design["budget"]]
+        at = "" if share == 1 else f"{share:g}x "
+        lines += ["", f"## {at or 'Equal '}cost: {name}", "", "Every arm but the baseline ran until it had "
+                  f"spent {at}the baseline's total {name} for its seed (or its cap on steps): its final "
+                  "accuracy is its accuracy at that cost.", "", "![equal cost](equal_cost.png)"]
     lines += ["", "## Every unit", "", "Totals over training (x the baseline's mean).", ""]
     lines += units_table(arms, design["baseline"], flagged)
     lines += ["", f"## Accuracy at fractions of the baseline's {UNIT_NAMES[u]}", "",
@@ -646,10 +648,14 @@ def write_report(out: Path, runs: dict[str, dict[int, Path]], # arm -> seed -> r
     return rep
 
 # %% ../nbs/26_compare.ipynb #786a8169
-def _check_args(budget: str | None, max_steps: int | None, unit: str | None, margin: float) -> None:
+def _check_args(budget: str | None, max_steps: int | None, unit: str | None, margin: float,
+                fraction: float = 1.0) -> None:
     "One line per argument `compare` cannot take"
     if budget is not None and budget not in BUDGET_UNITS:
         raise ConfigError(f"budget: must be one of {', '.join(BUDGET_UNITS)}; got {budget!r}")
+    if fraction != 1.0 and (budget is None or not 0 < fraction <= 10):
+        raise ConfigError(f"budget_fraction: a share of the baseline's budget in (0, 10]; got {fraction}"
+                          + ("" if budget else " without a budget"))
     if max_steps is not None and (budget is None or max_steps < 1):
         raise ConfigError(f"max_steps: the cap of the runs on a budget, at least 1; got {max_steps}"
                           + ("" if budget else " without a budget"))
@@ -658,12 +664,12 @@ def _check_args(budget: str | None, max_steps: int | None, unit: str | None, mar
     if not 0 < margin < 1: raise ConfigError(f"margin: an accuracy difference in (0, 1); got {margin}")
 
 def _train_one(c: Config, first: Config, name: str, budget: str | None, max_steps: int | None, meta: dict,
-               progress: bool) -> None:
-    "Train one run of `compare` (on `first`'s cost of `budget`, if any), unless it already finished"
+               progress: bool, fraction: float = 1.0) -> None:
+    "Train one run of `compare` (on `fraction` of `first`'s cost of `budget`, if any) unless it finished"
     if budget is not None and c is not first:
         spent = run_cost(read_jsonl_rows(Path(first.train.out) / "metrics.jsonl"), budget)
         cap = c.train.steps if "@" in name else max_steps or 10 * first.train.steps
-        c = budget_config(c, budget, spent, cap)
+        c = budget_config(c, budget, fraction * spent, cap)
     run = Path(c.train.out)
     check_run_folder(run, c)
     status = run_status(run, c)
@@ -683,13 +689,14 @@ def compare(base: Config, # the shared config (steps, eval size, …)
             tolerance: float = 0.01, # the verdict's cost to target: the baseline's final accuracy less this
             budget: str | None = None, # of `BUDGET_UNITS`: the others run on the baseline's total of it
             max_steps: int | None = None, # with a budget, the others' cap (default: 10x the baseline's steps)
+            budget_fraction: float = 1.0, # with a budget, the others' share of the baseline's total
             unit: str | None = None, # the verdicts' unit, of `COST_UNITS` (default: the budget's, else wall_s)
             margin: float = 0.02, # the equivalence margin of accuracies
             confirm: bool = False, # a confirming design: seeds no choosing design used
             chosen_in: tuple = (), # other folders whose choosing designs' seeds are not fresh
             interleave: bool = False, command: str | None = None) -> dict: # seed by seed; the command
     "Train every variant for every seed (with a `budget`: the others at the baseline's cost), then report"
-    _check_args(budget, max_steps, unit, margin)
+    _check_args(budget, max_steps, unit, margin, budget_fraction)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     folders = [out, *(Path(f).resolve() for f in chosen_in)]
@@ -700,13 +707,15 @@ def compare(base: Config, # the shared config (steps, eval size, …)
         if budget is None or v == variants[0]: check_run_folder(Path(c.train.out), c)
     design = dict(command=command, baseline=variants[0], variants=list(variants), seeds=list(seeds),
                   kind="confirming" if confirm else "choosing", interleaved=interleave, budget=budget,
+                  budget_fraction=budget_fraction if budget else None,
                   unit=unit or budget or "wall_s", margin=margin, tolerance=tolerance,
                   chosen_in=[str(f) for f in folders[1:]], config_hash=config_hash(base))
     record_design(out, design)
     order = [(v, s) for s in seeds for v in variants] if interleave else list(cfgs)
     for v, s in order:
         first = cfgs[(variants[0], s)]
-        _train_one(cfgs[(v, s)], first, v, budget, max_steps, dict(command=command), progress)
+        _train_one(cfgs[(v, s)], first, v, budget, max_steps, dict(command=command), progress,
+                   budget_fraction)
     runs = {v: {s: Path(cfgs[(v, s)].train.out) for s in seeds} for v in variants}
     return write_report(out, runs, design, chosen_on(folders, but=design))
 
