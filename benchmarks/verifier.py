@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from bppo_kit import verifier as V
+from bppo_kit import equivalence as E, verifier as V
 from bppo_kit.config import shared_data_dir
 from bppo_kit.data import read_jsonl
 
@@ -112,7 +112,7 @@ def main(argv=None):
 
     def fresh():
         "No cached verdicts or parses anywhere: new workers (forked inside the timing), empty caches"
-        pool.close(); V.CACHE.d.clear(); V._parse_latex.cache_clear()
+        pool.close(); V.CACHE.d.clear(); E._parse_latex.cache_clear()
 
     def sym():
         fresh()

@@ -2,7 +2,8 @@
 
     OMP_NUM_THREADS=1 python benchmarks/verifier_ab.py [--rev 96b3946] [--runs 15]
 
-Loads `bppo_kit/verifier.py` of `--rev` (via `git show`) beside the working tree's, and scores the GSM8K test
+Loads the package `bppo_kit` of `--rev` (via `git archive`, as `bppo_kit_<rev>`) beside the working tree's (the verifier
+is four modules since issue 44, so a revision is loaded whole), and scores the GSM8K test
 reference solutions plus the same with a wrong final digit, one by one with `score` (the fast path), alternating the
 two modules; prints the median scores/s of each and their ratio. Needs the public GSM8K file (`shared_data_dir()`).
 """
@@ -13,10 +14,18 @@ from bppo_kit.data import read_jsonl
 
 ROOT = Path(__file__).resolve().parent.parent
 
-def load(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path); mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod; spec.loader.exec_module(mod)
-    return mod
+def load_rev(rev: str, into: Path):
+    "The verifier module of the package `bppo_kit` as it was at `rev`, imported as `bppo_kit_<rev>.verifier`"
+    name = "bppo_kit_" + re.sub(r"\W", "_", rev)
+    tar = subprocess.run(["git", "archive", "--format=tar", rev, "bppo_kit"], cwd=ROOT, check=True, capture_output=True)
+    subprocess.run(["tar", "-x", "-C", str(into)], input=tar.stdout, check=True)
+    (into / "bppo_kit").rename(into / name)
+    spec = importlib.util.spec_from_file_location(name, into / name / "__init__.py",
+                                                  submodule_search_locations=[str(into / name)])
+    pkg = importlib.util.module_from_spec(spec)
+    sys.modules[name] = pkg
+    spec.loader.exec_module(pkg)
+    return importlib.import_module(f"{name}.verifier")
 
 def bump(a: str) -> str:
     "`a` with its last digit changed: a wrong answer"
@@ -28,12 +37,9 @@ def main():
     ap.add_argument("--rev", default="96b3946", help="the revision to compare with (default: before issue 17)")
     ap.add_argument("--runs", type=int, default=15, help="timed runs of each module")
     a = ap.parse_args()
-    old_src = subprocess.run(["git", "show", f"{a.rev}:bppo_kit/verifier.py"], cwd=ROOT, check=True,
-                             capture_output=True, text=True).stdout
     with tempfile.TemporaryDirectory() as d:
-        (Path(d) / "verifier_old.py").write_text(old_src)
-        old = load("verifier_old", Path(d) / "verifier_old.py")
-        new = load("verifier_new", ROOT / "bppo_kit" / "verifier.py")
+        old = load_rev(a.rev, Path(d))
+        from bppo_kit import verifier as new
         rows = read_jsonl(shared_data_dir() / "gsm8k" / "test.jsonl")
         gold = [r["answer"].split("####")[-1].strip() for r in rows]
         comps = [r["answer"] for r in rows] + [r["answer"].rsplit("####", 1)[0] + "#### " + bump(g)

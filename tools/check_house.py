@@ -99,13 +99,14 @@ def long_export_cells(nbs_dir: Path) -> list[str]:
                 out.append(f"{rel(nb)}: cell {c.get('id')} is {n} lines (at most {MAX_CELL_LINES})")
     return out
 
-def lesson_numbers(nbs_dir: Path) -> dict[str, tuple[int, str]]:
-    "Module name -> (lesson number, notebook name), from each lesson's `#| default_exp`"
+def lesson_numbers(nbs_dir: Path) -> dict[str, tuple[tuple[int, str], str]]:
+    "Module name -> (lesson number, notebook name), from each lesson's `#| default_exp`; `08b` is (8, 'b'), after 08a"
     out = {}
     for nb in sorted(nbs_dir.glob("[0-9]*.ipynb")):
         src = "\n".join("".join(c["source"]) for c in json.loads(nb.read_text(encoding="utf-8"))["cells"])
         m = re.search(r"^#\|\s*default_exp\s+(\S+)", src, re.M)
-        if m: out[m.group(1)] = (int(re.match(r"\d+", nb.name).group()), nb.name)
+        num, part = re.match(r"(\d+)([a-z]?)", nb.name).groups()
+        if m: out[m.group(1)] = ((int(num), part), nb.name)
     return out
 
 def later_imports(nbs_dir: Path, pkg_dir: Path) -> list[str]:
