@@ -635,6 +635,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                   'bppo_kit.rollout.record_pass': ('rollout.html#record_pass', 'bppo_kit/rollout.py'),
                                   'bppo_kit.rollout.sample_tokens': ('rollout.html#sample_tokens', 'bppo_kit/rollout.py'),
                                   'bppo_kit.rollout.sampling_kwargs': ('rollout.html#sampling_kwargs', 'bppo_kit/rollout.py'),
+                                  'bppo_kit.rollout.seeded': ('rollout.html#seeded', 'bppo_kit/rollout.py'),
                                   'bppo_kit.rollout.stop_ids': ('rollout.html#stop_ids', 'bppo_kit/rollout.py'),
                                   'bppo_kit.rollout.trim': ('rollout.html#trim', 'bppo_kit/rollout.py'),
                                   'bppo_kit.rollout.vllm_available': ('rollout.html#vllm_available', 'bppo_kit/rollout.py')},

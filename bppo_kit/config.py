@@ -74,6 +74,9 @@ class RolloutConfig:
     # vLLM colocated with the trainer: its share of the GPU (its weights in the compute dtype + its KV cache); the rest
     # is the trainer's, while vLLM sleeps during the update
     gpu_memory_utilization: float = param(0.3, gt=0, le=1)
+    # vLLM: a seed per request, so that a sample does not depend on the batch it was drawn in (batch-invariant); vLLM
+    # then samples those requests one generator at a time. Off: one seed per call, the whole batch sampled at once
+    seed_per_request: bool = False
 
 # %% ../nbs/00_config.ipynb #3591f816
 @dataclass

@@ -5,6 +5,7 @@
 # %% ../nbs/07_rollout.ipynb #231357ab
 from __future__ import annotations
 import time
+from contextlib import contextmanager
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from typing import Callable
@@ -21,7 +22,7 @@ __all__ = ['trim', 'encode_prompts', 'stop_ids', 'HFEngine', 'ChosenLogprobs', '
            'HFBatchEngine', 'idle_fraction', 'mix32', 'gumbel_noise', 'gumbel_argmax', 'filter_logits', 'sample_tokens',
            'SlotCache', 'SlotModel', 'Slot', 'Batch', 'admit_waiting', 'record_pass', 'decode_step', 'accept_tokens',
            'compaction', 'finish_slots', 'drop_cancelled', 'check_requests', 'KitEngine', 'vllm_available',
-           'VLLMCompat', 'VLLMEngine']
+           'VLLMCompat', 'VLLMEngine', 'seeded']
 
 # %% ../nbs/07_rollout.ipynb #d4729ed1
 def trim(row: list[int], stop_ids: set[int]) -> tuple[list[int], str]:
@@ -808,7 +809,8 @@ class VLLMEngine(Engine):
         ctx = min(r.max_prompt_tokens + r.max_new_tokens,
                   getattr(model.config, "max_position_embeddings", None) or 1 << 30)
         return cls(model, tok, resolve_policy_path(cfg.model.name_or_path), r.gpu_memory_utilization,
-                   max_model_len=ctx, dtype=cfg.model.dtype, seed=cfg.train.seed, dist=dist)
+                   max_model_len=ctx, dtype=cfg.model.dtype, seed=cfg.train.seed, dist=dist,
+                   seed_per_request=r.seed_per_request)
 
     @classmethod
     def memory(cls, cfg, seqs: int, seq_tokens: int, kv_per_token: int, weight_bytes: int,
@@ -838,6 +840,7 @@ def __init__(self: VLLMEngine, model, tok, model_path: str, # a checkpoint folde
              max_model_len: int | None = None,
              dtype: str | None = None, # the compute dtype (the run's `model.dtype`); None = `model`'s own
              seed: int = 0, # vLLM's engine seed
+             seed_per_request: bool = False, # a seed per request (batch-invariant sampling; slower), else one a call
              dist=None, # scale-out: this process's place (one engine per process, on its own device)
              **llm_kwargs): # more `vllm.LLM` options (e.g. enforce_eager=True, kv_cache_memory_bytes=...)
     import os, random
@@ -862,7 +865,7 @@ def __init__(self: VLLMEngine, model, tok, model_path: str, # a checkpoint folde
         self.llm = vllm.LLM(**kw, **llm_kwargs)
     random.setstate(py_state)
     np.random.set_state(np_state)
-    self.ctx = self.llm.llm_engine.model_config.max_model_len
+    self.ctx, self.seed_per_request = self.llm.llm_engine.model_config.max_model_len, seed_per_request
     self.last_sync = None  # how the last `sync_weights` reached the engine's model
     self.asleep: set[str] = set()  # what sleep mode has taken off the device: "weights", "kv_cache"
     self.stale = False  # the weights were discarded by `sleep()` and not pushed again yet
@@ -951,6 +954,16 @@ def _recompute_logprobs(self: VLLMEngine, cs: list[Completion], temperature: flo
         for r, c in enumerate(part): c.logprobs = lp[r, :c.n_tokens].tolist()
 
 
+# %% ../nbs/07_rollout.ipynb #7308bd7d
+@contextmanager
+def seeded(seed: int | None, # None: the generator is left as it is
+           device=None): # a CUDA device's generator is seeded and given back too
+    "Torch's generator seeded with `seed` inside the block, and as it was before after it"
+    cuda = device is not None and torch.device(device).type == "cuda"
+    with torch.random.fork_rng(devices=[torch.device(device)] if cuda else []):
+        if seed is not None: torch.manual_seed(seed)
+        yield
+
 # %% ../nbs/07_rollout.ipynb #116a04b9
 @patch
 def generate(self: VLLMEngine,
@@ -966,20 +979,23 @@ def generate(self: VLLMEngine,
     if self.stale:
         raise RuntimeError("VLLMEngine: sleep() discarded the weights; sync_weights(model) first")
     stop = stop_ids(self.model, self.tok, sp)
-    greedy = sp.temperature == 0
+    greedy, per_request = sp.temperature == 0, self.seed_per_request
     def params(i):
         return self.vllm.SamplingParams(
             n=1 if greedy else n, temperature=sp.temperature, top_p=sp.top_p,
             top_k=sp.top_k or self.compat.top_k_off,
-            max_tokens=sp.max_new_tokens, stop_token_ids=sorted(stop),
+            max_tokens=sp.max_new_tokens, stop_token_ids=sorted(stop), detokenize=False,
             logprobs=0 if sp.logprobs else None,
-            seed=None if sp.seed is None or greedy else sp.seed + uid_base + i * n, detokenize=False)
+            seed=None if sp.seed is None or greedy or not per_request else sp.seed + uid_base + i * n)
     # vLLM refuses n > 1 for greedy: greedy requests go in n times
     reqs = [(i, x) for i, x in enumerate(ids) for _ in range(n if greedy else 1)]
     t0 = time.time()
     self._wake(("kv_cache",))
-    outs = self.llm.generate([TokensPrompt(prompt_token_ids=x) for _, x in reqs],
-                             [params(i) for i, _ in reqs], use_tqdm=False)
+    # vLLM (in this process) samples the requests without a seed from torch's generator: one seed for the call
+    call_seed = None if sp.seed is None or per_request else sp.seed + uid_base
+    with seeded(call_seed, next(self.model.parameters()).device):
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=x) for _, x in reqs],
+                                 [params(i) for i, _ in reqs], use_tqdm=False)
     cs = [c for (i, x), o in zip(reqs, outs) for c in self._completions(i, x, o, stop, sp.logprobs)]
     if sp.logprobs and not greedy and ((sp.top_k and sp.top_k < len(self.tok)) or sp.top_p < 1):
         # vLLM's processed log-probs are renormalised over the kept tokens

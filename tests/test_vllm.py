@@ -93,6 +93,15 @@ def test_sampling_grouped_and_logprobs(policy, engine):
     a = engine.generate(PROMPTS[:2], 2, SamplingParams(max_new_tokens=60, seed=7))
     b = engine.generate(PROMPTS[:2], 2, SamplingParams(max_new_tokens=60, seed=7))
     assert [c.completion_ids for c in a] == [c.completion_ids for c in b]
+    # by default that seed is the call's (torch's generator, given back after): another seed, other samples
+    c = engine.generate(PROMPTS[:2], 2, SamplingParams(max_new_tokens=60, seed=8))
+    assert [x.completion_ids for x in a] != [x.completion_ids for x in c]
+    # a seed per request (batch-invariant sampling): the same seed gives the same samples too
+    engine.seed_per_request = True
+    try:
+        d, e = [engine.generate(PROMPTS[:2], 2, SamplingParams(max_new_tokens=60, seed=7)) for _ in range(2)]
+    finally: engine.seed_per_request = False
+    assert [x.completion_ids for x in d] == [x.completion_ids for x in e]
     assert engine.generate(PROMPTS[:1], 1, SamplingParams(max_new_tokens=5, logprobs=False))[0].logprobs == []
 
 
