@@ -33,7 +33,10 @@ def train_cmd(out: Path, algo: str, steps: int, procs: int, extra=()) -> list[st
 
 def run(cmd: list[str], timeout: int = 600) -> subprocess.CompletedProcess:
     p = run_or_dump(cmd, timeout, env=env(), cwd=ROOT)
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    # a native crash ends in faulthandler's list of modules: its cause is near the top, so those lines come first
+    cause = [line for line in (p.stdout + p.stderr).splitlines()
+             if any(k in line for k in ("Fatal Python error", "terminate called", "what():", "Error: "))][:20]
+    assert p.returncode == 0, "\n".join(cause) + "\n" + p.stdout[-3000:] + p.stderr[-3000:]
     return p
 
 
