@@ -829,6 +829,16 @@ class VLLMEngine(Engine):
                                       "rollout.max_new_tokens; raise it, or lower those")
         return EngineMemory(share, rows[1][1], at_once, rows, less, problem)
 
+# %% ../nbs/07_rollout.ipynb #7308bd7d
+@contextmanager
+def seeded(seed: int | None, # None: the generator is left as it is
+           device=None): # a CUDA device's generator is seeded and given back too
+    "Torch's generator seeded with `seed` inside the block, and as it was before after it"
+    cuda = device is not None and torch.device(device).type == "cuda"
+    with torch.random.fork_rng(devices=[torch.device(device)] if cuda else []):
+        if seed is not None: torch.manual_seed(seed)
+        yield
+
 # %% ../nbs/07_rollout.ipynb #7390dad5
 @patch
 def __init__(self: VLLMEngine, model, tok, model_path: str, # a checkpoint folder or hub id of `model`'s architecture
@@ -861,8 +871,7 @@ def __init__(self: VLLMEngine, model, tok, model_path: str, # a checkpoint folde
     # vLLM seeds Python's, NumPy's and torch's global generators while it starts: keep the trainer's streams
     import numpy as np
     py_state, np_state = random.getstate(), np.random.get_state()
-    with torch.random.fork_rng(devices=[p.device] if p.device.type == "cuda" else []):
-        self.llm = vllm.LLM(**kw, **llm_kwargs)
+    with seeded(None, p.device): self.llm = vllm.LLM(**kw, **llm_kwargs)
     random.setstate(py_state)
     np.random.set_state(np_state)
     self.ctx, self.seed_per_request = self.llm.llm_engine.model_config.max_model_len, seed_per_request
@@ -953,16 +962,6 @@ def _recompute_logprobs(self: VLLMEngine, cs: list[Completion], temperature: flo
         lp = (lp.view(len(part), -1) * b["completion_mask"][:, P:]).float().cpu()
         for r, c in enumerate(part): c.logprobs = lp[r, :c.n_tokens].tolist()
 
-
-# %% ../nbs/07_rollout.ipynb #7308bd7d
-@contextmanager
-def seeded(seed: int | None, # None: the generator is left as it is
-           device=None): # a CUDA device's generator is seeded and given back too
-    "Torch's generator seeded with `seed` inside the block, and as it was before after it"
-    cuda = device is not None and torch.device(device).type == "cuda"
-    with torch.random.fork_rng(devices=[torch.device(device)] if cuda else []):
-        if seed is not None: torch.manual_seed(seed)
-        yield
 
 # %% ../nbs/07_rollout.ipynb #116a04b9
 @patch
