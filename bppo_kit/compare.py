@@ -99,6 +99,9 @@ _PPO_VARIANTS = {
     "tppo_recipe_wide": [*_RECIPE, "algo.exclude_last=32"],
     # PPO with the recipe's critic warm-up and LM loss: whole responses, no windows
     "ppo_recipe": ["algo.name=ppo", "rollout.window=0", "algo.value_warmup=10", "algo.lm_loss_weight=0.1"],
+    # PPO on T-PPO's footing: the recipe's rows per decoding pass (a prioritized half of twice the batch) and LM loss;
+    # what is left between it and `tppo_recipe_nowarm` is T-PPO's own: windows, EGAE, the token filter
+    "ppo_fair": ["algo.name=ppo", "rollout.window=0", "algo.oversample=2", "algo.lm_loss_weight=0.1"],
 }
 VARIANTS = {**_GRPO_BPPO_VARIANTS, **_FAMILY_VARIANTS, **_PPO_VARIANTS}
 
