@@ -364,7 +364,7 @@ DESCRIBED = ("steps", "grad_norm", "clip_rate", "critic_ev", "slot_utilization",
 
 def is_accuracy(metric: str) -> bool:
     "An accuracy (higher is better; the equivalence margin applies), as opposed to a cost, time or length"
-    return metric.startswith(("final_accuracy", "final_greedy", "final_pass", "accuracy_at_"))
+    return "accuracy" in metric or metric.startswith("final_pass")
 
 def metric_values(per: dict[str, dict[int, dict]], metric: str) -> dict[str, dict[int, float]]:
     "arm -> seed -> the metric's value, seeds without one left out"

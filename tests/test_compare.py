@@ -95,3 +95,16 @@ def test_confirm_names_other_folders(tmp_path, monkeypatch):
     C.compare(base, ["grpo", "bppo_focus"], [100, 101], tmp_path / "confirm", confirm=True,
               chosen_in=(tmp_path / "choose",))
     assert C.read_designs(tmp_path / "confirm")[-1]["kind"] == "confirming"
+
+
+def test_every_recorded_accuracy_has_a_higher_is_better_verdict():
+    "Each accuracy a run records (the curve's last point too) gets `worse` when it falls for every seed, never `better`"
+    seeds = range(6)
+    fall = {"final_accuracy": 0.05, "final_curve_accuracy": 0.05, "final_greedy_accuracy": 0.04,
+            "final_pass_at_k": 0.03, "total_wall_s": 10.0}
+    base = {s: {k: 0.8 - 0.01 * s if k != "total_wall_s" else 100.0 + s for k in fall} for s in seeds}
+    other = {s: {k: v - fall[k] * (1 + 0.1 * s) for k, v in base[s].items()} for s in seeds}
+    _, contrasts, _ = C.arms_and_contrasts({"base": base, "other": other}, "base")
+    said = {k: contrasts["other"][k]["verdict"] for k in fall}
+    assert said == {"final_accuracy": "worse", "final_curve_accuracy": "worse", "final_greedy_accuracy": "worse",
+                    "final_pass_at_k": "worse", "total_wall_s": "better"}, said
