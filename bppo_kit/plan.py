@@ -18,10 +18,11 @@ from .shapes import qwen2_5_config
 
 # %% auto #0
 __all__ = ['GIB', 'KNOWN_SHAPES', 'CONTEXT_GIB', 'SHARDS', 'SAMPLING_COPIES', 'RECOMPUTE_ROWS', 'RECOMPUTE_TOKENS',
-           'MERGE_COPIES', 'SETUPS', 'model_config', 'Arch', 'arch_of', 'layer_activations', 'shared_activations',
-           'chunked_tiles', 'loss_path', 'update_moments', 'LiveBytes', 'train_items', 'measure_update', 'dtype_bytes',
-           'loss_kernel_on', 'kv_bytes_per_token', 'step_sizes', 'Row', 'state_rows', 'update_rows', 'engine_rows',
-           'Plan', 'budget', 'with_values', 'advise', 'plan', 'check_fits', 'presets_table']
+           'MERGE_COPIES', 'SYNC_COPIES', 'SETUPS', 'model_config', 'Arch', 'arch_of', 'layer_activations',
+           'shared_activations', 'chunked_tiles', 'loss_path', 'update_moments', 'LiveBytes', 'train_items',
+           'measure_update', 'dtype_bytes', 'loss_kernel_on', 'kv_bytes_per_token', 'step_sizes', 'Row', 'state_rows',
+           'update_rows', 'engine_rows', 'Plan', 'budget', 'with_values', 'advise', 'plan', 'check_fits',
+           'presets_table']
 
 # %% ../nbs/21_plan.ipynb #57e19105
 GIB = 2 ** 30
@@ -208,6 +209,8 @@ def update_moments(a: Arch, B: int, L: int, C: int, # micro-batch: `B` sequences
     return m
 
 # %% ../nbs/21_plan.ipynb #df1ab50e
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
 def _tensors(x):
     "The tensors in an op's output (a tensor, or nested tuples and lists of them)"
     if isinstance(x, torch.Tensor): yield x
@@ -223,6 +226,8 @@ class LiveBytes(TorchDispatchMode):
         self.live, self.now, self.phase, self.peaks = {}, 0, "update", {}
 
     def _count(self, t: torch.Tensor):
+        # a wrapper such as FSDP2's DTensor reports its whole logical size; its local tensor is counted on its own
+        if is_traceable_wrapper_subclass(t): return
         st = t.untyped_storage()  # views share it; torch keeps one Python object per live storage
         key, n = id(st), st.nbytes()
         if key in self.live or key in self.keep or n == 0 or t.device.type == "meta": return
@@ -377,9 +382,13 @@ def update_rows(cfg: Config, a: Arch, gpus: int = 1, shard: str = "ddp",
 SAMPLING_COPIES = 6
 RECOMPUTE_ROWS, RECOMPUTE_TOKENS = 32, 2048  # `VLLMEngine._recompute_logprobs`' pieces
 MERGE_COPIES = 3  # a LoRA matrix merged for the engine (`merged_weights`): its peak, in float32 matrices
+# FSDP2's engine sync (`gather_into`): one weight gathered from the shards at a time; a gathered weight is freed once
+# the collective lets go of it, so the next may be gathered first: at most two alive (tests/fsdp2_check.py measured
+# 1x, 1.4x and 2x the largest weight over runs)
+SYNC_COPIES = 2
 
-def engine_rows(cfg: Config, a: Arch, gpus: int = 1,
-                gpu_bytes: int = 80 * GIB) -> tuple[list[Row], EngineMemory]:
+def engine_rows(cfg: Config, a: Arch, gpus: int = 1, gpu_bytes: int = 80 * GIB,
+                shard: str = "ddp") -> tuple[list[Row], EngineMemory]:
     ("The rows of `rollout.engine` and what it holds (`Engine.memory`: each engine says what it keeps "
      "on a GPU)")
     seq, seqs, _, _ = step_sizes(cfg, gpus)
@@ -403,6 +412,12 @@ def engine_rows(cfg: Config, a: Arch, gpus: int = 1,
         merge = MERGE_COPIES * 4 * a.hidden * a.inter
         m.generating += merge
         rows.append(Row("LoRA merge, a matrix at a time", merge, f"{MERGE_COPIES} x {a.hidden} x {a.inter} fp32"))
+    if shard == "fsdp2" and gpus > 1:  # the engine's weights gathered from the shards after each update
+        big = max((a.vocab, a.hidden), (a.inter, a.hidden), key=lambda s: s[0] * s[1])
+        sync = SYNC_COPIES * 4 * big[0] * big[1]
+        m.generating += sync
+        rows.append(Row("FSDP2 weight sync, a weight at a time", sync,
+                        f"{SYNC_COPIES} x the largest weight, {big[0]} x {big[1]} fp32"))
     return rows + [Row(*r) for r in m.rows], m
 
 # %% ../nbs/21_plan.ipynb #3bdd2a3f
@@ -449,7 +464,7 @@ def budget(cfg: Config, a: Arch, gpus: int = 1, gpu_bytes: int = 80 * GIB, shard
     "(rows, the two phases' peaks, the update's moments, what the engine holds) per GPU"
     state = state_rows(cfg, a, gpus, shard)
     upd, moments = update_rows(cfg, a, gpus, shard, device)
-    eng, m = engine_rows(cfg, a, gpus, gpu_bytes)
+    eng, m = engine_rows(cfg, a, gpus, gpu_bytes, shard)
     context = Row("CUDA context, workspaces", int(CONTEXT_GIB * GIB) if device == "cuda" else 0,
                   "not tensors")
     rows = state + upd + eng + [context]

@@ -99,6 +99,8 @@ def main(out: Path):
     with LiveBytes(keep=list(gen.state_dict().values())) as live2: gen.load_state_dict(full_state_dict(d, model))
     res["sync_peak_whole"] = live2.peaks.get("update", 0)
     res["model_bytes"] = sum(4 * p.numel() for p in base.parameters())
+    from bppo_kit.plan import plan  # the planner's row for this model on 2 FSDP2 processes
+    res["sync_planned"] = plan(cfg, gpus=d.world, shard="fsdp2", device="cpu")["FSDP2 weight sync, a weight at a time"]
     Session(model, tok, opt, None, None, eng, None, gen=gen, dist=d).refresh_engine()
     res["engine_sync_keys"] = sorted(eng.got) == sorted(full)
     res["engine_sync_diff"] = max((eng.got[k] - full[k]).abs().max().item() for k in full)
