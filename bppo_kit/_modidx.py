@@ -519,6 +519,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                'bppo_kit.plan.shared_activations': ('plan.html#shared_activations', 'bppo_kit/plan.py'),
                                'bppo_kit.plan.state_rows': ('plan.html#state_rows', 'bppo_kit/plan.py'),
                                'bppo_kit.plan.step_sizes': ('plan.html#step_sizes', 'bppo_kit/plan.py'),
+                               'bppo_kit.plan.sync_row': ('plan.html#sync_row', 'bppo_kit/plan.py'),
                                'bppo_kit.plan.train_items': ('plan.html#train_items', 'bppo_kit/plan.py'),
                                'bppo_kit.plan.update_moments': ('plan.html#update_moments', 'bppo_kit/plan.py'),
                                'bppo_kit.plan.update_rows': ('plan.html#update_rows', 'bppo_kit/plan.py'),

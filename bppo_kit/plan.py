@@ -17,12 +17,11 @@ from .policy import add_lora, resolve_policy_path
 from .shapes import qwen2_5_config
 
 # %% auto #0
-__all__ = ['GIB', 'KNOWN_SHAPES', 'CONTEXT_GIB', 'SHARDS', 'SAMPLING_COPIES', 'RECOMPUTE_ROWS', 'RECOMPUTE_TOKENS',
-           'MERGE_COPIES', 'SYNC_COPIES', 'SETUPS', 'model_config', 'Arch', 'arch_of', 'layer_activations',
-           'shared_activations', 'chunked_tiles', 'loss_path', 'update_moments', 'LiveBytes', 'train_items',
-           'measure_update', 'dtype_bytes', 'loss_kernel_on', 'kv_bytes_per_token', 'step_sizes', 'Row', 'state_rows',
-           'update_rows', 'engine_rows', 'Plan', 'budget', 'with_values', 'advise', 'plan', 'check_fits',
-           'presets_table']
+__all__ = ['GIB', 'KNOWN_SHAPES', 'CONTEXT_GIB', 'SHARDS', 'SYNC_COPIES', 'SAMPLING_COPIES', 'RECOMPUTE_ROWS', 'RECOMPUTE_TOKENS',
+           'MERGE_COPIES', 'SETUPS', 'model_config', 'Arch', 'arch_of', 'layer_activations', 'shared_activations',
+           'chunked_tiles', 'loss_path', 'update_moments', 'LiveBytes', 'train_items', 'measure_update', 'dtype_bytes',
+           'loss_kernel_on', 'kv_bytes_per_token', 'step_sizes', 'Row', 'state_rows', 'update_rows', 'sync_row',
+           'engine_rows', 'Plan', 'budget', 'with_values', 'advise', 'plan', 'check_fits', 'presets_table']
 
 # %% ../nbs/21_plan.ipynb #57e19105
 GIB = 2 ** 30
@@ -376,16 +375,25 @@ def update_rows(cfg: Config, a: Arch, gpus: int = 1, shard: str = "ddp",
         moments["log-probs without grad"] = base + nograd  # the last update freed its gradients
     return rows, moments
 
+# %% ../nbs/21_plan.ipynb #9812fcd5
+# FSDP2's engine sync (`gather_into`): one weight gathered from the shards at a time; a gathered weight is freed once
+# the collective lets go of it, so the next may be gathered first: at most two alive (tests/fsdp2_check.py measured
+# 1x, 1.4x and 2x the largest weight over runs)
+SYNC_COPIES = 2
+
+def sync_row(a: Arch, gpus: int = 1, shard: str = "ddp") -> Row | None:
+    "FSDP2's engine sync after each update, one weight gathered at a time: twice the largest (None unsharded)"
+    if shard != "fsdp2" or gpus < 2: return None
+    rows, cols = max((a.vocab, a.hidden), (a.inter, a.hidden), key=lambda s: s[0] * s[1])
+    return Row("FSDP2 weight sync, a weight at a time", SYNC_COPIES * 4 * rows * cols,
+               f"{SYNC_COPIES} x the largest weight, {rows} x {cols} fp32")
+
 # %% ../nbs/21_plan.ipynb #8ee3e87b
 # a decoding step's float32 logits, as many times as sampling holds them at once (logits, processed scores,
 # probabilities, the recorded step): the HF engine's peak at Qwen2.5's vocabulary (tests/test_rollout.py)
 SAMPLING_COPIES = 6
 RECOMPUTE_ROWS, RECOMPUTE_TOKENS = 32, 2048  # `VLLMEngine._recompute_logprobs`' pieces
 MERGE_COPIES = 3  # a LoRA matrix merged for the engine (`merged_weights`): its peak, in float32 matrices
-# FSDP2's engine sync (`gather_into`): one weight gathered from the shards at a time; a gathered weight is freed once
-# the collective lets go of it, so the next may be gathered first: at most two alive (tests/fsdp2_check.py measured
-# 1x, 1.4x and 2x the largest weight over runs)
-SYNC_COPIES = 2
 
 def engine_rows(cfg: Config, a: Arch, gpus: int = 1, gpu_bytes: int = 80 * GIB,
                 shard: str = "ddp") -> tuple[list[Row], EngineMemory]:
@@ -412,12 +420,9 @@ def engine_rows(cfg: Config, a: Arch, gpus: int = 1, gpu_bytes: int = 80 * GIB,
         merge = MERGE_COPIES * 4 * a.hidden * a.inter
         m.generating += merge
         rows.append(Row("LoRA merge, a matrix at a time", merge, f"{MERGE_COPIES} x {a.hidden} x {a.inter} fp32"))
-    if shard == "fsdp2" and gpus > 1:  # the engine's weights gathered from the shards after each update
-        big = max((a.vocab, a.hidden), (a.inter, a.hidden), key=lambda s: s[0] * s[1])
-        sync = SYNC_COPIES * 4 * big[0] * big[1]
-        m.generating += sync
-        rows.append(Row("FSDP2 weight sync, a weight at a time", sync,
-                        f"{SYNC_COPIES} x the largest weight, {big[0]} x {big[1]} fp32"))
+    if sync := sync_row(a, gpus, shard):  # the engine's weights gathered from the shards after each update
+        m.generating += sync.bytes
+        rows.append(sync)
     return rows + [Row(*r) for r in m.rows], m
 
 # %% ../nbs/21_plan.ipynb #3bdd2a3f
