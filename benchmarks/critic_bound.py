@@ -39,7 +39,8 @@ def rollouts(model, tok, n_prompts: int, group: int, seed: int, max_new: int):
 
 def targets(rows):
     "Returns [N, T] and the token mask of a list of rollouts (gamma = 1)"
-    L = torch.tensor([len(r[1]) for r in rows]); T = int(L.max())
+    L = torch.tensor([len(r[1]) for r in rows])
+    T = int(L.max())
     mask = torch.arange(T)[None] < L[:, None]
     rew = terminal_rewards(torch.tensor([r[2] for r in rows]), L, torch.ones(len(rows), dtype=torch.bool), T)
     return mc_returns(rew, mask), mask
@@ -50,17 +51,23 @@ def predict(vm, rows, pad_id, mb=64):
     out = torch.zeros(len(rows), T)
     for i in range(0, len(rows), mb):
         b = pack([r[0] for r in rows[i:i + mb]], [r[1] for r in rows[i:i + mb]], pad_id)
-        v = vm(b); out[i:i + mb, :v.shape[1]] = v
+        v = vm(b)
+        out[i:i + mb, :v.shape[1]] = v
     return out
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--prompts", type=int, default=96); ap.add_argument("--heldout", type=int, default=32)
-    ap.add_argument("--group", type=int, default=8); ap.add_argument("--epochs", type=int, default=20)
-    ap.add_argument("--lr", type=float, default=5e-4); ap.add_argument("--micro-batch", type=int, default=64)
-    ap.add_argument("--seed", type=int, default=0); ap.add_argument("--json", default=None)
+    ap.add_argument("--prompts", type=int, default=96)
+    ap.add_argument("--heldout", type=int, default=32)
+    ap.add_argument("--group", type=int, default=8)
+    ap.add_argument("--epochs", type=int, default=20)
+    ap.add_argument("--lr", type=float, default=5e-4)
+    ap.add_argument("--micro-batch", type=int, default=64)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
-    torch.manual_seed(a.seed); random.seed(a.seed)
+    torch.manual_seed(a.seed)
+    random.seed(a.seed)
     cfg = get_config("cpu-demo")
     model, tok = load_policy(cfg.model.name_or_path)
     t0 = time.time()
@@ -68,7 +75,8 @@ def main(argv=None):
     held = rollouts(model, tok, a.heldout, a.group, a.seed + 2, cfg.rollout.max_new_tokens)
     print(f"{len(train)} training and {len(held)} held-out responses in {time.time() - t0:.0f} s; "
           f"mean reward {sum(r[2] for r in train) / len(train):.3f}", flush=True)
-    ret_tr, m_tr = targets(train); ret_ho, m_ho = targets(held)
+    ret_tr, m_tr = targets(train)
+    ret_ho, m_ho = targets(held)
     mean_tr = sum(r[2] for r in train) / len(train)
     group_mean = {}
     for r in held: group_mean.setdefault(r[3], []).append(r[2])
@@ -79,15 +87,19 @@ def main(argv=None):
     opt = torch.optim.AdamW(vm.parameters(), lr=a.lr, betas=(0.9, 0.99), weight_decay=0.0)
     curve = []
     for ep in range(a.epochs):
-        vm.train(); order = torch.randperm(len(train)).tolist()
+        vm.train()
+        order = torch.randperm(len(train)).tolist()
         for i in range(0, len(order), a.micro_batch):
             idx = order[i:i + a.micro_batch]
             b = pack([train[j][0] for j in idx], [train[j][1] for j in idx], tok.pad_token_id)
-            v = vm(b); T = v.shape[1]
+            v = vm(b)
+            T = v.shape[1]
             m, y = m_tr[idx, :T], ret_tr[idx, :T]
             loss = (0.5 * (v - y) ** 2 * m).sum() / m.sum()
-            opt.zero_grad(set_to_none=True); loss.backward()
-            torch.nn.utils.clip_grad_norm_(vm.parameters(), 1.0); opt.step()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(vm.parameters(), 1.0)
+            opt.step()
         vm.eval()
         ev_tr = explained_variance(predict(vm, train, tok.pad_token_id), ret_tr, m_tr)
         ev_ho = explained_variance(predict(vm, held, tok.pad_token_id), ret_ho, m_ho)
@@ -99,7 +111,8 @@ def main(argv=None):
     print(json.dumps(dict(references=refs, best=best, last=curve[-1]), indent=1))
     if a.json:
         from pathlib import Path
-        Path(a.json).parent.mkdir(parents=True, exist_ok=True); Path(a.json).write_text(json.dumps(res, indent=1))
+        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.json).write_text(json.dumps(res, indent=1))
     return res
 
 if __name__ == "__main__":

@@ -69,7 +69,9 @@ def child(a):
     peak = _status("VmHWM") - before
     times = []
     for _ in range(a.repeats):
-        t0 = time.perf_counter(); step(x, a.child); times.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        step(x, a.child)
+        times.append(time.perf_counter() - t0)
     print(json.dumps(dict(impl=a.child, peak_bytes=peak, time_s=statistics.median(times), times_s=times, loss=loss)))
 
 def run_child(impl, a):
@@ -106,14 +108,19 @@ class Peak:
     def reset(self):
         "Take the current memory as the baseline and forget the peak so far"
         if self.cuda:
-            torch.cuda.synchronize(); torch.cuda.reset_peak_memory_stats(); self.base = torch.cuda.memory_allocated()
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            self.base = torch.cuda.memory_allocated()
         else:
-            gc.collect(); Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
+            gc.collect()
+            Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
             self.base = _status("VmRSS")
 
     def read(self) -> tuple[int, int]:
         "(peak above the baseline, peak in all) in bytes since the last `reset`"
-        if self.cuda: torch.cuda.synchronize(); total = torch.cuda.max_memory_allocated()
+        if self.cuda:
+            torch.cuda.synchronize()
+            total = torch.cuda.max_memory_allocated()
         else: total = _status("VmHWM")
         return max(0, total - self.base), total
 
@@ -123,16 +130,23 @@ def measure(fn, repeats: int = 3, device: str = "cuda", reset=None) -> dict:
     if reset: reset()
     cuda = str(device).startswith("cuda")
     if cuda: torch.cuda.empty_cache()
-    peak = Peak(device); peak.reset()
+    peak = Peak(device)
+    peak.reset()
     loss = fn()
     extra = peak.read()[0]
     ts = []
     for _ in range(repeats):
         if cuda:
             s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record(); fn(); e.record(); torch.cuda.synchronize(); ts.append(s.elapsed_time(e) / 1e3)
+            s.record()
+            fn()
+            e.record()
+            torch.cuda.synchronize()
+            ts.append(s.elapsed_time(e) / 1e3)
         else:
-            t0 = time.perf_counter(); fn(); ts.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t0)
     return dict(peak_bytes=extra, time_s=statistics.median(ts), times_s=ts, loss=loss)
 
 def gpu_bench(a):

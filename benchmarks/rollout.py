@@ -50,7 +50,9 @@ def main():
     for r in range(a.rounds):
         for name, eng in engines.items():
             sp = SamplingParams(temperature=1.0, max_new_tokens=160, seed=100 + r)
-            t0 = time.perf_counter(); cs = eng.generate(prompts, a.n, sp); dt = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            cs = eng.generate(prompts, a.n, sp)
+            dt = time.perf_counter() - t0
             rates[name].append(sum(c.n_tokens for c in cs) / dt)
             if name == "hf": idle.append(idle_fraction(cs, len(cs)))
             print(f"round {r} {name:6s} {sum(c.n_tokens for c in cs):6d} tokens {dt:6.2f} s "

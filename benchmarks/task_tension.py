@@ -36,7 +36,8 @@ def main():
     summary = {key: {f"first{k}": avg(rows[:k], key), f"last{k}": avg(rows[-k:], key)} for key in keys}
     res = dict(config=dict(steps=a.steps, reduction=a.reduction, seed=a.seed, overrides=a.overrides), summary=summary,
                collapsed_to_concise=summary["verbose_frac"][f"last{k}"] < 0.5 * summary["verbose_frac"][f"first{k}"])
-    Path(a.json).parent.mkdir(parents=True, exist_ok=True); Path(a.json).write_text(json.dumps(res, indent=1))
+    Path(a.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.json).write_text(json.dumps(res, indent=1))
     print(json.dumps(res, indent=1))
 
 if __name__ == "__main__": main()

@@ -76,7 +76,9 @@ def symbolic_pairs(m500: list[dict]) -> list[tuple[str, str]]:
 def timed(fn, runs: int) -> tuple[float, list[float]]:
     ts = []
     for _ in range(runs):
-        t = time.perf_counter(); fn(); ts.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t)
     return statistics.median(ts), ts
 
 
@@ -112,7 +114,9 @@ def main(argv=None):
 
     def fresh():
         "No cached verdicts or parses anywhere: new workers (forked inside the timing), empty caches"
-        pool.close(); V.CACHE.d.clear(); E._parse_latex.cache_clear()
+        pool.close()
+        V.CACHE.d.clear()
+        E._parse_latex.cache_clear()
 
     def sym():
         fresh()
@@ -150,7 +154,8 @@ def main(argv=None):
 
     print(f"{'measurement':<16}{'n':>7}{'median s':>11}{'scores/s':>12}")
     for k in ("gsm8k_fast", "math_symbolic", "math500_mixed"):
-        r = res[k]; print(f"{k:<16}{r['n']:>7}{r['median_s']:>11.3f}{r['scores_per_s']:>12,.0f}")
+        r = res[k]
+        print(f"{k:<16}{r['n']:>7}{r['median_s']:>11.3f}{r['scores_per_s']:>12,.0f}")
     print(f"tricky cases ({len(tricky)}): kit {acc:.1%}, plain math-verify {acc_plain:.1%}")
     print(f"more cases ({len(more)}, written after the code): kit {acc2:.1%}, "
           f"plain math-verify {acc2_plain:.1%}")

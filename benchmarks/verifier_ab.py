@@ -48,7 +48,8 @@ def main():
         times = {"old": [], "new": []}
         for _ in range(a.runs):
             for key, mod in (("old", old), ("new", new)):
-                t = time.perf_counter(); [mod.score(c, g, "gsm8k") for c, g in zip(comps, golds)]
+                t = time.perf_counter()
+                [mod.score(c, g, "gsm8k") for c, g in zip(comps, golds)]
                 times[key].append(time.perf_counter() - t)
     to, tn = statistics.median(times["old"]), statistics.median(times["new"])
     print(f"{a.rev} {len(comps) / to:,.0f}/s  working tree {len(comps) / tn:,.0f}/s  ratio new/old {to / tn:.3f}")

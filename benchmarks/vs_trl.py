@@ -152,7 +152,8 @@ def run_trl(steps: int, work: Path, bppo: bool = False) -> dict:
         def on_step_begin(self, args, state, control, **kw): self.begin, self.score_now = time.perf_counter(), 0.0
         def on_step_end(self, args, state, control, **kw):
             t = time.perf_counter()
-            self.step_s.append(round(t - self.begin, 4)); self.end_to_end_s.append(round(t - self.last_end, 4))
+            self.step_s.append(round(t - self.begin, 4))
+            self.end_to_end_s.append(round(t - self.last_end, 4))
             self.score_s.append(round(self.score_now, 4))
             self.update_s.append(round(t - self.begin - self.score_now, 4))
             self.last_end = t
@@ -165,12 +166,16 @@ def run_trl(steps: int, work: Path, bppo: bool = False) -> dict:
     gen_s = []  # rollout time: tokenize, generate, decode (wraps this instance's method only)
     orig_generate = trainer._generate
     def timed_generate(prompts):
-        t = time.perf_counter(); out = orig_generate(prompts); gen_s.append(round(time.perf_counter() - t, 4))
+        t = time.perf_counter()
+        out = orig_generate(prompts)
+        gen_s.append(round(time.perf_counter() - t, 4))
         return out
     trainer._generate = timed_generate
     orig_score = trainer._generate_and_score_completions  # the whole generation phase, for the update time
     def timed_score(inputs):
-        t = time.perf_counter(); out = orig_score(inputs); timer.score_now += time.perf_counter() - t
+        t = time.perf_counter()
+        out = orig_score(inputs)
+        timer.score_now += time.perf_counter() - t
         return out
     trainer._generate_and_score_completions = timed_score
     # TRL's config turns activation checkpointing on by default; the kit's cpu-demo runs without it
@@ -210,7 +215,8 @@ def side_main(a):
     try:
         res = run_kit(a.steps, work) if a.side == "kit" else run_trl(a.steps, work, bppo=a.side == "bppo")
     finally:
-        import shutil; shutil.rmtree(work, ignore_errors=True)  # save nothing
+        import shutil
+        shutil.rmtree(work, ignore_errors=True)  # save nothing
     res["torch_threads"] = torch.get_num_threads()
     res["loadavg"] = dict(start=[round(x, 2) for x in load], end=[round(x, 2) for x in os.getloadavg()])
     Path(a.part).write_text(json.dumps(res))

@@ -31,7 +31,9 @@ class TorchFSDP2:
     distributed_type = SimpleNamespace(name="FSDP")
     device = torch.device("cpu")
     def __init__(self): self.process_index, self.num_processes = td.get_rank(), td.get_world_size()
-    def reduce(self, t, op): td.all_reduce(t); return t
+    def reduce(self, t, op):
+        td.all_reduce(t)
+        return t
     def wait_for_everyone(self): td.barrier()
     def backward(self, loss): loss.backward()
     def unwrap_model(self, m): return m

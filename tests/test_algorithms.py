@@ -15,7 +15,8 @@ SMALL = ["train.prompts_per_step=4", "rollout.group_size=4", "data.eval_size=4",
 @pytest.fixture(scope="module")
 def reinforce():
     spec = importlib.util.spec_from_file_location("reinforce_plugin", PLUGIN)
-    mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
     yield mod.Reinforce
     ALGORITHMS.pop("reinforce", None)
 

@@ -16,7 +16,8 @@ SMALL = ["train.prompts_per_step=8", "rollout.group_size=8", "data.eval_size=4"]
 
 def _bias_module():
     spec = importlib.util.spec_from_file_location("early_stop_bias", ROOT / "benchmarks" / "early_stop_bias.py")
-    mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
     return mod
 
 def test_early_stop_statistics_against_the_full_group():

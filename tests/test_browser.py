@@ -21,7 +21,8 @@ pytestmark = [
 
 def free_port() -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0)); return s.getsockname()[1]
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 @pytest.fixture(scope="module")
 def browser():
@@ -42,7 +43,8 @@ def lab(tmp_path_factory):
         j = json.loads(nb.read_text())
         j["cells"] = [c for c in j["cells"] if not (c["cell_type"] == "code" and SKIP.search("".join(c["source"])))]
         (d / "tutorials" / nb.name).write_text(json.dumps(j))
-    settings = d / ".settings" / "@jupyterlab" / "apputils-extension"; settings.mkdir(parents=True)
+    settings = d / ".settings" / "@jupyterlab" / "apputils-extension"
+    settings.mkdir(parents=True)
     (settings / "notification.jupyterlab-settings").write_text(
         json.dumps({"fetchNews": "false", "checkForUpdates": False}))
     port, token = free_port(), os.urandom(16).hex()
@@ -61,7 +63,8 @@ def lab(tmp_path_factory):
     t0 = time.time()
     while True:
         try:
-            urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=2); break
+            urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=2)
+            break
         except OSError:
             if proc.poll() is not None or time.time() - t0 > 120:
                 proc.kill()
@@ -118,7 +121,8 @@ def test_widgets_panel_in_jupyterlab(lab, browser):
     first_plot = ""
     t0 = time.time()
     while not first_plot and time.time() - t0 < 300:  # the plot appears with the first logged row
-        first_plot = plot_src(page); page.wait_for_timeout(300)
+        first_plot = plot_src(page)
+        page.wait_for_timeout(300)
     assert first_plot, "no plot after run 1 started"
     wait_status(page, "done", 600)
     after_run1 = plot_src(page)
@@ -190,7 +194,9 @@ def test_docs_links(browser, site):
             if not u.startswith("file://") or u in seen: continue
             seen.add(u)
             path = Path(urllib.request.url2pathname(u[len("file://"):]))
-            if not path.is_file(): broken.append(h); continue
+            if not path.is_file():
+                broken.append(h)
+                continue
             page.goto(u)
             assert page.title(), u
             todo += page.eval_on_selector_all("a[href]", "as => as.map(a => a.href)")

@@ -70,10 +70,12 @@ def test_sampler_step_and_evaluation_get_template_ids(engine, bos):
 def test_training_run_uses_template_ids(engine, tmp_path, monkeypatch):
     "A whole `train` call on a chat checkpoint: its evaluations and its step get the template's ids"
     model, tok = chat_model()
-    model.save_pretrained(tmp_path / "ckpt"); tok.save_pretrained(tmp_path / "ckpt")
+    model.save_pretrained(tmp_path / "ckpt")
+    tok.save_pretrained(tmp_path / "ckpt")
     recs = []
     def spy(cfg, model, tok, progress=False, **kw):
-        recs.append(Recorder(make_engine(cfg, model, tok, progress, **kw))); return recs[-1]
+        recs.append(Recorder(make_engine(cfg, model, tok, progress, **kw)))
+        return recs[-1]
     monkeypatch.setattr(trainer, "make_engine", spy)
     cfg = chat_cfg(engine, f"model.name_or_path={tmp_path / 'ckpt'}", "train.steps=1", f"train.out={tmp_path / 'run'}")
     trainer.train(cfg, progress=False)

@@ -76,5 +76,6 @@ def test_sft_is_reproducible(tmp_path):
     c = Config()
     c.sft.steps, c.sft.batch_size, c.sft.hidden_size, c.sft.num_layers, c.sft.intermediate_size = 4, 4, 32, 1, 64
     a, b = train_sft(c, tmp_path / "a", progress=False), train_sft(c, tmp_path / "b", progress=False)
-    ma, _ = load_policy(str(a)); mb, _ = load_policy(str(b))
+    ma, _ = load_policy(str(a))
+    mb, _ = load_policy(str(b))
     assert all(torch.equal(x, y) for x, y in zip(ma.state_dict().values(), mb.state_dict().values()))

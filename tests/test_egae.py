@@ -187,7 +187,8 @@ def test_whiten_clamp_properties():
 
 def test_explained_variance():
     g = torch.Generator().manual_seed(4)
-    R = torch.randn(4, 9, generator=g, dtype=F64); mask = torch.rand(4, 9, generator=g) < 0.7
+    R = torch.randn(4, 9, generator=g, dtype=F64)
+    mask = torch.rand(4, 9, generator=g) < 0.7
     assert explained_variance(R, R, mask) == 1.0
     noisy = R + 0.1 * torch.randn(4, 9, generator=g, dtype=F64)
     y, p = R[mask], noisy[mask]

@@ -50,7 +50,8 @@ def plugin(tmp_path):
     yield counting_engine
     sys.path.remove(str(tmp_path))
     sys.modules.pop("counting_engine", None)
-    ENGINES.pop("counting", None); ENGINES.pop("plain", None)
+    ENGINES.pop("counting", None)
+    ENGINES.pop("plain", None)
 
 
 @needs_policy
@@ -112,7 +113,9 @@ def test_plugin_flag_registers_engine(tmp_path):
               "--out", str(tmp_path / "run"), *[a for o in SMALL[:3] + ["data.eval_size=2"] for a in ("--set", o)],
               "--set", "rollout.engine=counting"])
         assert ENGINES["counting"].calls["sleep"] == 1 and ENGINES["counting"].calls["generate"] >= 1
-    finally: ENGINES.pop("counting", None); ENGINES.pop("plain", None)
+    finally:
+        ENGINES.pop("counting", None)
+        ENGINES.pop("plain", None)
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has a CUDA device")

@@ -11,7 +11,8 @@ def test_clean_check_flags_a_dirty_notebook(tmp_path):
     shutil.copy(ROOT / "nbs" / "00_config.ipynb", nb)
     assert tool("check_clean.py", nb).returncode == 0
     d = json.loads(nb.read_text())
-    d["cells"][0]["execution_count"] = 3; d["cells"][0]["metadata"]["scrolled"] = True
+    d["cells"][0]["execution_count"] = 3
+    d["cells"][0]["metadata"]["scrolled"] = True
     nb.write_text(json.dumps(d, indent=1))
     r = tool("check_clean.py", nb)
     assert r.returncode == 1 and "00_config.ipynb" in r.stdout

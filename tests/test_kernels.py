@@ -46,9 +46,11 @@ def test_masked_tokens_exactly_zero_grad_and_weight_ignores_them():
     assert (h.grad[~mask] == 0).all() and (h.grad[mask] != 0).any()
     # changing a masked token's inputs changes nothing
     h2, old2 = h.detach().clone(), old.clone()
-    h2[~mask] = 100.0; old2[~mask] = 7.0
+    h2[~mask] = 100.0
+    old2[~mask] = 7.0
     w2 = w.detach().clone().requires_grad_()
-    l2 = prefix_policy_loss(h2, w2, t, old2, adv, mask, impl="chunked"); l2.backward()
+    l2 = prefix_policy_loss(h2, w2, t, old2, adv, mask, impl="chunked")
+    l2.backward()
     torch.testing.assert_close(w2.grad, w.grad)
 
 def test_invariants_and_stats():

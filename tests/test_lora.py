@@ -43,7 +43,8 @@ def test_lora_resume_is_exact(tmp_path):
     full = lora_run(tmp_path / "full")
     lora_run(tmp_path / "cut", stop_after=2)
     cut = lora_run(tmp_path / "cut", resume=True)
-    a, _ = load_policy(str(full), merge=False); b, _ = load_policy(str(cut), merge=False)
+    a, _ = load_policy(str(full), merge=False)
+    b, _ = load_policy(str(cut), merge=False)
     for (k, x), y in zip(a.state_dict().items(), b.state_dict().values()):
         assert torch.allclose(x, y, atol=1e-6, rtol=0), k
 
@@ -69,7 +70,9 @@ def test_merged_weights_keep_one_merged_copy_alive():
     keep = [t for t in lm.state_dict().values()]
     with LiveBytes(keep=keep) as whole: merged = merged_state_dict(lm)
     with LiveBytes(keep=keep) as stream:
-        for k, v in merged_weights(lm): assert torch.equal(v, merged[k]); del v
+        for k, v in merged_weights(lm):
+            assert torch.equal(v, merged[k])
+            del v
     from bppo_kit.plan import MERGE_COPIES
     planned = MERGE_COPIES * 4 * cfg.hidden_size * cfg.intermediate_size  # the planner's row (engine_rows)
     assert abs(stream.peaks["update"] / planned - 1) <= 0.15, (stream.peaks, planned)

@@ -51,7 +51,8 @@ def test_first_epoch_ratio_is_one_in_bf16(tmp_path, kernel, monkeypatch):
     items, _ = s.algo.collect(0, s.sampler)
     ratios = []
     def record_surrogate(logp, old_logp, adv):
-        ratios.append(torch.exp(logp - old_logp).detach()[adv != 0]); return clipped_surrogate(logp, old_logp, adv)
+        ratios.append(torch.exp(logp - old_logp).detach()[adv != 0])
+        return clipped_surrogate(logp, old_logp, adv)
     real = upd.prefix_policy_loss
     def record_kernel(h, W, targets, old, adv, m, *a, **kw):
         out = real(h, W, targets, old, adv, m, *a, **kw)
@@ -69,7 +70,8 @@ def test_fused_loss_refuses_a_head_with_a_bias(tmp_path):
     phi = AutoModelForCausalLM.from_config(PhiConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64,
                                                      num_hidden_layers=1, num_attention_heads=2,
                                                      pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id))
-    phi.save_pretrained(tmp_path / "phi"); tok.save_pretrained(tmp_path / "phi")
+    phi.save_pretrained(tmp_path / "phi")
+    tok.save_pretrained(tmp_path / "phi")
     ov = [f"model.name_or_path={tmp_path / 'phi'}", "rollout.engine=hf", f"train.out={tmp_path}/run"]
     with pytest.raises(ConfigError) as e:
         train(get_config("cpu-demo", overrides=ov + ["train.loss_kernel=chunked"]), progress=False)

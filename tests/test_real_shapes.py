@@ -61,4 +61,5 @@ def test_train_qwen2_5_0_5b_shape_on_cpu(tmp_path):
               f"trained tokens {[r['trained_tokens'] for r in rows]}; weights changed: {n_t} of {len(before)} tensors, "
               f"{n_e / n_params:.2%} of elements; peak RSS so far {maxrss / 2**30:.2f} GiB "
               f"(threads {torch.get_num_threads()})", flush=True)
-        del after; gc.collect()
+        del after
+        gc.collect()

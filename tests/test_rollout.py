@@ -169,7 +169,9 @@ class IntegerTensors:
                     if isinstance(t, torch.Tensor) and t.dtype in (torch.int64, torch.int32): sizes.append(t.numel())
                 return out
         self.mode = Mode()
-    def __enter__(self): self.mode.__enter__(); return self.sizes
+    def __enter__(self):
+        self.mode.__enter__()
+        return self.sizes
     def __exit__(self, *exc): self.mode.__exit__(*exc)
 
 

@@ -80,7 +80,8 @@ def test_dataset_columns_reach_the_reward_functions(tmp_path):
 def test_conversational_prompts_reach_the_reward_as_messages(tmp_path):
     seen = []
     def first(prompts, completions, **kw):
-        seen.append((prompts, completions)); return [float(len(c[0]["content"]) < 10) for c in completions]
+        seen.append((prompts, completions))
+        return [float(len(c[0]["content"]) < 10) for c in completions]
     rows = [{"prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": f"Q: {i}+1\nA:"}],
              "answer": str(i + 1)} for i in range(8)]
     RLTrainer("tiny", "grpo", SMALL | {"train.steps": 1, "train.out": str(tmp_path / "r")}, reward_funcs=first,

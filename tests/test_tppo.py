@@ -60,7 +60,8 @@ def test_every_token_trained_once_with_its_old_logprobs(tmp_path, monkeypatch, w
     for mask, sample, carried, old in olds:
         assert sample is not None
         if carried is not None:
-            assert torch.equal(old[carried], sample[carried]); n_carried += int(carried.sum())
+            assert torch.equal(old[carried], sample[carried])
+            n_carried += int(carried.sum())
             fresh = mask & ~carried
         else: fresh = mask
         # this step's tokens: the current policy is the sampling one (the float32 kit engine computes what it computes)

@@ -15,7 +15,8 @@ def test_tensorboard_holds_every_logged_scalar(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     out = tmp_path / "run"
     train(get_config("cpu-demo", overrides=SMALL + [f"train.out={out}", "train.report_to=tensorboard"]), progress=False)
-    ea = EventAccumulator(str(out / "tensorboard"), size_guidance={"scalars": 0}); ea.Reload()
+    ea = EventAccumulator(str(out / "tensorboard"), size_guidance={"scalars": 0})
+    ea.Reload()
     tags = set(ea.Tags()["scalars"])
     logged = (("train", read_jsonl_rows(out / "metrics.jsonl")), ("eval", read_jsonl_rows(out / "eval.jsonl")))
     for kind, rows in logged:
@@ -36,7 +37,8 @@ def test_missing_tracker_is_one_line(name, tmp_path):
 @pytest.mark.skipif(not HAVE_TINY, reason="the shipped tiny policy is missing (run `make sft`)")
 @pytest.mark.skipif(importlib.util.find_spec("wandb") is None, reason="wandb is not installed")
 def test_wandb_offline(tmp_path, monkeypatch):
-    monkeypatch.setenv("WANDB_MODE", "offline"); monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
     out = tmp_path / "run"
     train(get_config("cpu-demo", overrides=SMALL + [f"train.out={out}", "train.report_to=wandb"]), progress=False)
     assert list((out / "wandb").glob("offline-run-*"))  # the run's files, for `wandb sync`

@@ -26,11 +26,13 @@ def test_kill_and_resume_is_exact(tmp_path):
         if p.poll() is not None: break
         time.sleep(0.05)
     assert p.poll() is None, "the run ended before it could be killed"
-    os.kill(p.pid, signal.SIGKILL); p.wait()
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait()
     r = subprocess.run(train_cmd(run) + ["--resume"], capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-3000:]
     assert steps_of(run) == list(range(6))
-    a, _ = load_policy(str(tmp_path / "full" / "checkpoint")); b, _ = load_policy(str(run / "checkpoint"))
+    a, _ = load_policy(str(tmp_path / "full" / "checkpoint"))
+    b, _ = load_policy(str(run / "checkpoint"))
     for (n, x), y in zip(a.state_dict().items(), b.state_dict().values()):
         assert torch.allclose(x, y, atol=1e-6, rtol=0), n
     assert (run / "curves.png").stat().st_size > 1000
@@ -87,7 +89,8 @@ def test_tppo_windows_and_resume(tmp_path):
     train(b, resume=True, progress=False, evaluate_every=False)
     rb = read_jsonl_rows(tmp_path / "b" / "metrics.jsonl")
     assert [r["generated_tokens"] for r in rb] == [r["generated_tokens"] for r in rows]
-    x, _ = load_policy(str(tmp_path / "a" / "checkpoint")); y, _ = load_policy(str(tmp_path / "b" / "checkpoint"))
+    x, _ = load_policy(str(tmp_path / "a" / "checkpoint"))
+    y, _ = load_policy(str(tmp_path / "b" / "checkpoint"))
     for (n, p), q in zip(x.state_dict().items(), y.state_dict().values()):
         assert torch.allclose(p, q, atol=1e-5, rtol=0), n
 

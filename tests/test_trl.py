@@ -85,7 +85,9 @@ def step_view(trainer, log, eos, kcfg, step: int):
     rows = {}
     for s in trainer.seen[step * per:(step + 1) * per]:
         for r, i in enumerate(s["bppo_index"].tolist()):
-            if i < 0: assert s["completion_mask"][r].sum() == 0 and s["advantages"][r] == 0; continue  # an empty row
+            if i < 0:
+                assert s["completion_mask"][r].sum() == 0 and s["advantages"][r] == 0
+                continue  # an empty row
             assert i not in rows, f"completion {i} trained twice"
             rows[i] = (s["completion_ids"][r], s["completion_mask"][r], s["advantages"][r].item())
     return ro, kit, metrics, rows

@@ -263,7 +263,8 @@ def test_native_hang_is_killed_and_the_worker_replaced(slack):
         assert pool.kills == 1
         assert pool.run([("ours", ("\\sqrt{8}",), ("2\\sqrt{2}",))], timeout=2.0) == [True]
     finally:
-        pool.close(); del E._JOBS["hang"]
+        pool.close()
+        del E._JOBS["hang"]
 
 FRESH = r"""
 import json, signal, sys, time

@@ -52,7 +52,8 @@ def ckpt(tmp_path_factory):
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(tiny_config(tok, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64))
     path = tmp_path_factory.mktemp("ckpt")
-    model.save_pretrained(path); tok.save_pretrained(path)
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
     return path
 
 
@@ -102,7 +103,8 @@ def test_resumed_run_pushes_its_checkpoint_before_generating(vllm, ckpt, tmp_pat
     saved = {k: v + 0.01 for k, v in saved.items()}
     from safetensors.torch import save_file
     save_file(saved, str(path), metadata={"format": "pt"})
-    vllm.EVENTS.clear(); vllm.WEIGHTS.clear()
+    vllm.EVENTS.clear()
+    vllm.WEIGHTS.clear()
     train(get_config(PRESETS[1], overrides=over + ["train.steps=2"]), resume=True, progress=False,
           evaluate_every=False)
     k = kinds(vllm.EVENTS)

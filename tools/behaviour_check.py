@@ -71,13 +71,19 @@ def diffs(ref, new, path="", tol=1e-6) -> tuple[list[str], list[str]]:
     bad, extra = [], []
     if isinstance(ref, dict) and isinstance(new, dict):
         for k in ref:
-            if k not in new: bad.append(f"{path}.{k}: missing"); continue
-            b, e = diffs(ref[k], new[k], f"{path}.{k}", tol); bad += b; extra += e
+            if k not in new:
+                bad.append(f"{path}.{k}: missing")
+                continue
+            b, e = diffs(ref[k], new[k], f"{path}.{k}", tol)
+            bad += b
+            extra += e
         extra += [f"{path}.{k}" for k in new if k not in ref]
     elif isinstance(ref, list) and isinstance(new, list):
         if len(ref) != len(new): bad.append(f"{path}: {len(ref)} entries, now {len(new)}")
         for i, (a, b) in enumerate(zip(ref, new)):
-            b_, e = diffs(a, b, f"{path}[{i}]", tol); bad += b_; extra += e
+            b_, e = diffs(a, b, f"{path}[{i}]", tol)
+            bad += b_
+            extra += e
     elif isinstance(ref, (int, float)) and isinstance(new, (int, float)) and not isinstance(ref, bool):
         if not (math.isnan(ref) and math.isnan(new)) and abs(ref - new) > tol * max(1.0, abs(ref)):
             bad.append(f"{path}: {ref!r} -> {new!r}")

@@ -171,7 +171,9 @@ def broken_links(out: Path) -> list[str]:
             u = urlsplit(html.unescape(href))
             if u.scheme in ("http", "https", "mailto", "data", "javascript"): continue
             target = page if not u.path else (page.parent / unquote(u.path)).resolve()
-            if not target.is_file(): bad.append(f"{page.name}: {href} (no file)"); continue
+            if not target.is_file():
+                bad.append(f"{page.name}: {href} (no file)")
+                continue
             if u.fragment and target.suffix == ".html":
                 ids = set(re.findall(r'\b(?:id|name)="([^"]*)"', target.read_text()))
                 if not {u.fragment, unquote(u.fragment)} & ids:
@@ -187,7 +189,8 @@ def main():
     ap.add_argument("--jobs", type=int, default=2, help="notebooks rendered at once (each kernel: 1 torch thread)")
     ap.add_argument("notebooks", nargs="*")
     a = ap.parse_args()
-    out = Path(a.out).resolve(); out.mkdir(parents=True, exist_ok=True)
+    out = Path(a.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
     if not a.check:
         os.environ["BPPO_NO_WIDGETS"] = "1"  # kernels inherit it: the widget panel prints its summary on a page
         if a.full: os.environ.pop("IN_TEST", None)

@@ -162,7 +162,10 @@ def summary(res) -> str:
     comps = toks = 0
     def walk(x):
         nonlocal comps, toks
-        if isinstance(x, list) and len(x) == 6 and isinstance(x[3], str): comps += 1; toks += len(x[4]); return
+        if isinstance(x, list) and len(x) == 6 and isinstance(x[3], str):
+            comps += 1
+            toks += len(x[4])
+            return
         if isinstance(x, list):
             for y in x: walk(y)
     for s in res.values():
