@@ -130,10 +130,14 @@ def test_tppo_runs_on_two_processes(tmp_path):
 
 def test_launch_refuses_what_cannot_run_here(tmp_path):
     "`bppo launch` with a DeepSpeed config (not installed here) or FSDP on a CPU-only machine: one line, exit 2"
-    cases = [("deepspeed_zero3.yaml", "DeepSpeed")]
-    if not torch.cuda.is_available(): cases.append(("fsdp2.yaml", "FSDP was asked for"))
-    for name, msg in cases:
-        p = subprocess.run([sys.executable, "-m", "bppo_kit.cli", "launch", str(ROOT / "configs" / "accelerate" / name),
+    ds = tmp_path / "deepspeed_zero3.yaml"  # a user's own: the kit ships none
+    ds.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: DEEPSPEED\nnum_processes: 2\n"
+                  "deepspeed_config:\n  zero_stage: 3\n")
+    cases = [(ds, "DeepSpeed")]
+    fsdp = ROOT / "configs" / "accelerate" / "fsdp2.yaml"
+    if not torch.cuda.is_available(): cases.append((fsdp, "FSDP was asked for"))
+    for path, msg in cases:
+        p = subprocess.run([sys.executable, "-m", "bppo_kit.cli", "launch", str(path),
                             "--num-processes", "2", "train", "--steps", "1", "--out", str(tmp_path / "x")],
                            cwd=ROOT, env=env(), capture_output=True, text=True, timeout=120)
         assert p.returncode == 2 and msg in p.stderr and p.stderr.count("\n") == 1, p.stderr
