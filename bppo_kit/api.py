@@ -8,7 +8,7 @@ import copy
 from fastcore.basics import patch
 from pathlib import Path
 from .config import Config, ConfigError, get_config, set_value, validate
-from .core import engine_caps
+from .rollout import engine_caps
 from .policy import load_policy
 from .rewards import Task, examples_from
 from .trainer import train

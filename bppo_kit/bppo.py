@@ -9,7 +9,7 @@ from dataclasses import replace
 import torch
 from fastcore.basics import patch
 from .config import Config, ConfigError
-from .core import Algorithm, Rollout, TrainItem, engine_caps, register
+from .core import Algorithm, Rollout, TrainItem, register
 from .data import Example
 from .grpo import group_advantages, zero_signal_frac
 from .verifier import score
@@ -154,8 +154,8 @@ class BPPO(Algorithm):
         self.recent: list[list[int]] = []
 
     @classmethod
-    def check(cls, cfg: Config):
-        if cfg.algo.schedule != "none" and not engine_caps(cfg).cancels:
+    def check(cls, cfg: Config, caps=None):
+        if cfg.algo.schedule != "none" and caps is not None and not caps.cancels:
             raise ConfigError(f"algo.schedule: {cfg.algo.schedule} cancels requests mid-generation, which "
                               f"rollout.engine={cfg.rollout.engine} cannot (EngineCaps.cancels); use "
                               "rollout.engine=kit")

@@ -15,8 +15,7 @@ from .data import Example
 __all__ = ['ALGORITHMS', 'SETTINGS', 'BUILTIN_ALGORITHMS', 'ENGINES', 'SamplingParams', 'Completion', 'Request', 'Rollout',
            'TrainItem', 'masked_mean', 'clipped_surrogate', 'k3_kl', 'entropy_from_logits', 'token_weights',
            'Algorithm', 'register', 'algorithm_names', 'algorithm_class', 'make_algorithm', 'algo_settings',
-           'check_settings', 'EngineCaps', 'EngineMemory', 'Engine', 'register_engine', 'engine_class', 'engine_caps',
-           'records_logprobs']
+           'check_settings', 'EngineCaps', 'EngineMemory', 'Engine', 'register_engine']
 
 # %% ../nbs/02_core.ipynb #f087151a
 @dataclass
@@ -153,9 +152,9 @@ class Algorithm:
         return algo_settings(self.cfg, self.name)
 
     @classmethod
-    def check(cls, cfg: Config):
+    def check(cls, cfg: Config, caps=None):
         ("Raise `ConfigError`, naming the field, if `cfg` does not suit this algorithm (called before "
-         "anything loads)")
+         "anything loads); `caps`: the run's engine's `EngineCaps`, which the trainer hands in")
 
     def prepare(self, rollout: Rollout, step: int = 0) -> tuple[list[TrainItem], dict]:
         "Train items and metrics for a scored rollout (group algorithms write this)"
@@ -407,21 +406,3 @@ def register_engine(name: str): # the `rollout.engine` that selects the class
         put(cls).name = name
         return cls
     return deco
-
-def engine_class(name: str) -> type:
-    "The registered class of engine `name`; a `ConfigError` naming `rollout.engine` if there is none"
-    # the built-in engines register themselves when the rollout lesson's module loads; load it on first need
-    if name not in ENGINES: import bppo_kit.rollout  # noqa: F401
-    if name not in ENGINES:
-        raise ConfigError(f"rollout.engine: must be one of {', '.join(ENGINES) or '(none registered)'}; got "
-                          f"{name!r}")
-    return ENGINES[name]
-
-def engine_caps(cfg: Config) -> EngineCaps:
-    "The capabilities of the engine `cfg.rollout.engine` names"
-    return engine_class(cfg.rollout.engine).caps
-
-# %% ../nbs/02_core.ipynb #6c0eb034
-def records_logprobs(cfg: Config) -> bool:
-    "Whether training samples keep the engine's log-probs: truncated importance sampling on an inexact engine"
-    return cfg.algo.tis_cap > 0 and (not engine_caps(cfg).exact or cfg.model.dtype != "float32")

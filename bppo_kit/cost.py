@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
 from .config import Config, ConfigError, load_config
-from .core import engine_caps
+from .rollout import engine_caps
 from .plan import Arch, arch_of, model_config
 from .runs import read_jsonl_rows
 

@@ -12,7 +12,8 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import AutoConfig, AutoModelForCausalLM
 from .config import Config, ConfigError
-from .core import EngineMemory, TrainItem, engine_caps, engine_class
+from .core import EngineMemory, TrainItem
+from .rollout import engine_caps, engine_class
 from .policy import add_lora, resolve_policy_path
 from .shapes import qwen2_5_config
 

@@ -9,7 +9,8 @@ from dataclasses import replace
 import torch
 from fastcore.basics import patch
 from .config import Config, ConfigError
-from .core import Completion, Rollout, SamplingParams, engine_class, records_logprobs
+from .core import Completion, Rollout, SamplingParams
+from .rollout import engine_class, records_logprobs
 from .distributed import Dist, deal_items, gather_rollout
 from .data import Example, load_task, problem_stream, style_of, synthetic_eval, synthetic_example
 from .evaluate import response_tokens

@@ -11,7 +11,7 @@ import torch.nn as nn
 from fastcore.basics import patch
 from .batching import Entry, SamplePool
 from .config import Config, ConfigError
-from .core import Algorithm, Completion, Request, TrainItem, engine_caps, register
+from .core import Algorithm, Completion, Request, TrainItem, register
 from .distributed import Dist, reduce_metrics
 from .egae import (adaptive_lambda, dual_clip_surrogate, egae, explained_variance, mc_returns,
                            terminal_rewards, tppo_token_mask, value_loss, whiten_clamp)
@@ -112,8 +112,8 @@ class TPPO(Algorithm):
               "carried_tokens", "filtered_tokens", "masked_tokens", "unselected_tokens"}
 
     @classmethod
-    def check(cls, cfg: Config):
-        if engine_caps(cfg).missing(windows=True):
+    def check(cls, cfg: Config, caps=None):
+        if caps is not None and caps.missing(windows=True):
             raise ConfigError(f"rollout.engine: {cfg.algo.name} decodes in windows, which engine "
                               f"{cfg.rollout.engine!r} lacks (EngineCaps.windows); use rollout.engine=kit")
         if cfg.algo.name == "tppo" and cfg.rollout.window < 1:

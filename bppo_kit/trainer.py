@@ -4,15 +4,15 @@
 
 # %% ../nbs/24_trainer.ipynb #e962ff92
 from __future__ import annotations
-import copy, random, signal, threading, time
+import copy, inspect, random, signal, threading, time
 from dataclasses import dataclass, field
 from pathlib import Path
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 from .config import Config, ConfigError, TrainConfig
-from .core import (Algorithm, Engine, SamplingParams, algorithm_class, check_settings, engine_caps,
-                           engine_class, make_algorithm)
+from .core import Algorithm, Engine, SamplingParams, algorithm_class, check_settings, make_algorithm
+from .rollout import engine_caps, engine_class
 from .distributed import (Dist, checkpoint_states, gather_into, init_dist, load_optimizer_state,
                                   reduce_metrics)
 from .evaluate import eval_examples, evaluate
@@ -31,8 +31,9 @@ import bppo_kit.bppo, bppo_kit.grpo, bppo_kit.tppo  # noqa: F401
 # %% auto #0
 __all__ = ['COSTS', 'lr_at', 'device_of', 'Session', 'own_state', 'check_precision', 'check_gpu_memory', 'with_lora',
            'start_policy', 'load_for_training', 'make_optimizer', 'build_engine', 'setup', 'merge_histograms',
-           'step_costs', 'pass_histogram', 'train_step', 'evaluate_step', 'eval_examples_of', 'check_run',
-           'open_run_on', 'rows_after', 'run_cost', 'end_of_run', 'check_budget', 'RunLog', 'run_steps', 'train']
+           'step_costs', 'pass_histogram', 'train_step', 'evaluate_step', 'eval_examples_of', 'check_algorithm',
+           'check_run', 'open_run_on', 'rows_after', 'run_cost', 'end_of_run', 'check_budget', 'RunLog', 'run_steps',
+           'train']
 
 # %% ../nbs/24_trainer.ipynb #ef0a4107
 def lr_at(step: int, lr: float, warmup_steps: int = 0) -> float:
@@ -268,6 +269,13 @@ def eval_examples_of(cfg: Config, task: Task | None, tok=None) -> list: # tok: d
     else: ex = [] if task is not None and task.train is not None else eval_examples(cfg)
     return fitting_prompts(ex, tok, cfg.data, cfg.rollout.max_prompt_tokens, "eval prompts") if tok else ex
 
+# %% ../nbs/24_trainer.ipynb #2ad76a2f
+def check_algorithm(cfg: Config):
+    "The algorithm's `check`, handed the engine's capabilities where it takes them (`check(cfg, caps)`)"
+    cls = algorithm_class(cfg.algo.name)
+    if "caps" in inspect.signature(cls.check).parameters: cls.check(cfg, engine_caps(cfg))
+    else: cls.check(cfg)  # an algorithm whose `check` reads only the config
+
 # %% ../nbs/24_trainer.ipynb #0ec86f0d
 def _stop_on_signals():
     "Ask the loop to stop at the next step boundary on SIGINT/SIGTERM; returns (flag, restore)"
@@ -289,7 +297,7 @@ def check_run(cfg: Config):
         raise ConfigError("train.device: cuda, but this torch sees no CUDA device (a CPU build, or no GPU); "
                           "install a CUDA build (make install TORCH=...), or --set train.device=cpu --set "
                           "rollout.engine=kit")
-    algorithm_class(cfg.algo.name).check(cfg)
+    check_algorithm(cfg)
     check_settings(cfg)  # `algo.NAME.FIELD`: a registered algorithm's own settings
     engine_class(cfg.rollout.engine).check(cfg)
     check_precision(cfg)

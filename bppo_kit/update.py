@@ -10,8 +10,8 @@ from functools import partial
 from typing import Callable
 import torch
 from .config import Config, ConfigError
-from .core import (TrainItem, clipped_surrogate, entropy_from_logits, k3_kl, records_logprobs,
-                           token_weights)
+from .core import TrainItem, clipped_surrogate, entropy_from_logits, k3_kl, token_weights
+from .rollout import records_logprobs
 from .distributed import Dist, bare
 from .kernels import prefix_policy_loss
 from .policy import autocast, pack, token_logprobs

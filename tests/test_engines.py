@@ -3,8 +3,8 @@ algorithms ask it for capabilities, never for its name."""
 import subprocess, sys
 import pytest
 from bppo_kit.config import ConfigError, data_dir, get_config
-from bppo_kit.core import ENGINES, EngineCaps, engine_caps
-from bppo_kit.core import records_logprobs
+from bppo_kit.core import ENGINES, EngineCaps
+from bppo_kit.rollout import engine_caps, records_logprobs
 from bppo_kit.trainer import train
 
 needs_policy = pytest.mark.skipif(not (data_dir() / "tiny_policy" / "config.json").exists(),
@@ -82,7 +82,8 @@ def test_capabilities_not_names(plugin):
     with pytest.raises(ConfigError, match=r"algo.schedule: .*EngineCaps.cancels"): train(cfg, progress=False)
     # the same engine with windows (the plugin's `counting`) is accepted by both checks
     from bppo_kit.tppo import TPPO
-    TPPO.check(get_config("cpu-demo", overrides=["algo.name=tppo", "rollout.engine=counting"]))
+    counting = get_config("cpu-demo", overrides=["algo.name=tppo", "rollout.engine=counting"])
+    TPPO.check(counting, engine_caps(counting))
     # log-probs are recorded for an engine that is not exact, whatever its name
     assert not records_logprobs(get_config("cpu-demo", overrides=["rollout.engine=plain"]))
     plugin.Plain.caps = EngineCaps(exact=False)
