@@ -4,7 +4,7 @@
 
 # %% ../nbs/02_core.ipynb #17487ca2
 from __future__ import annotations
-import importlib, warnings
+import warnings
 from dataclasses import dataclass, field, fields, is_dataclass
 import torch
 from fastcore.basics import patch
@@ -12,10 +12,10 @@ from .config import Config, ConfigError, check_value
 from .data import Example
 
 # %% auto #0
-__all__ = ['ALGORITHMS', 'SETTINGS', 'BUILTIN_ALGORITHMS', 'ENGINES', 'SamplingParams', 'Completion', 'Request', 'Rollout',
-           'TrainItem', 'masked_mean', 'clipped_surrogate', 'k3_kl', 'entropy_from_logits', 'token_weights',
-           'Algorithm', 'register', 'algorithm_names', 'algorithm_class', 'make_algorithm', 'algo_settings',
-           'check_settings', 'EngineCaps', 'EngineMemory', 'Engine', 'register_engine']
+__all__ = ['ALGORITHMS', 'SETTINGS', 'ENGINES', 'SamplingParams', 'Completion', 'Request', 'Rollout', 'TrainItem', 'masked_mean',
+           'clipped_surrogate', 'k3_kl', 'entropy_from_logits', 'token_weights', 'Algorithm', 'register',
+           'algorithm_names', 'algorithm_class', 'make_algorithm', 'algo_settings', 'check_settings', 'EngineCaps',
+           'EngineMemory', 'Engine', 'register_engine']
 
 # %% ../nbs/02_core.ipynb #f087151a
 @dataclass
@@ -249,25 +249,16 @@ def register(name: str, # the `algo.name` that selects the class
     return deco
 
 # %% ../nbs/02_core.ipynb #e6e389ca
-# the modules whose classes register the built-in algorithms: imported the first time a name is looked up
-BUILTIN_ALGORITHMS = ("bppo_kit.grpo", "bppo_kit.bppo", "bppo_kit.tppo", "bppo_kit.family")
-
 def algorithm_names() -> list[str]:
-    "Every registered algorithm's name: the built-ins first, in the order of their modules; then the others"
-    homes = [importlib.import_module(m) for m in BUILTIN_ALGORITHMS]
-    def place(name: str) -> int:
-        # a lesson's copy of a built-in class (module `__main__`, registered after it) keeps the built-in's place
-        cls = ALGORITHMS[name]
-        twins = [getattr(m, cls.__qualname__, None) for m in homes]
-        return next((i for i, t in enumerate(twins) if isinstance(t, type) and _same_class(t, cls)), len(homes))
-    return sorted(ALGORITHMS, key=place)
+    ("Every registered algorithm's name, in the order they registered: the built-ins (their modules load with the "
+     "trainer), then a script's or a plugin's; a class registered again keeps its name's place")
+    return list(ALGORITHMS)
 
 def algorithm_class(name: str) -> type:
     "The registered class of algorithm `name`; a `ConfigError` naming `algo.name` if there is none"
-    if name not in ALGORITHMS: algorithm_names()
     if name not in ALGORITHMS:
-        raise ConfigError(f"algo.name: must be one of {', '.join(algorithm_names()) or '(none registered)'}; got "
-                          f"{name!r}")
+        known = ", ".join(algorithm_names()) or "(none registered: import bppo_kit.trainer, or an algorithm's module)"
+        raise ConfigError(f"algo.name: must be one of {known}; got {name!r}")
     return ALGORITHMS[name]
 
 def make_algorithm(cfg: Config, policy=None) -> Algorithm:

@@ -25,8 +25,7 @@ from .runs import (RunDir, append_jsonl, load_trainer_state, open_run, read_json
 from .sampler import Sampler, make_engine, step_seed
 from .tracking import Reporter, check_trackers
 from .update import check_fused_head, update
-# the built-in algorithms register themselves
-import bppo_kit.bppo, bppo_kit.grpo, bppo_kit.tppo  # noqa: F401
+import bppo_kit.algorithms  # noqa: F401 -- the built-in algorithms register by name
 
 # %% auto #0
 __all__ = ['COSTS', 'lr_at', 'device_of', 'Session', 'own_state', 'check_precision', 'check_gpu_memory', 'with_lora',

@@ -72,3 +72,16 @@ def test_slowest_reads_both_phases_and_sorts(tmp_path, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "slowest 2 of 3 tests (39 s in all):"
     assert "30.0 s  tests.test_y::test_y" in lines[1] and "7.2 s  tests.test_z::test_z" in lines[2] and len(lines) == 3
+
+def test_an_arrow_back_up_breaks_the_house_rules(tmp_path):
+    "Core importing the engines lazily for their side effects (`import bppo_kit.rollout` in a function) points up"
+    pkg = tmp_path / "bppo_kit"
+    shutil.copytree(ROOT / "bppo_kit", pkg)
+    (tmp_path / "nbs").mkdir()
+    for nb in ("02_core.ipynb", "07d_rollout.ipynb"): shutil.copy(ROOT / "nbs" / nb, tmp_path / "nbs" / nb)
+    assert tool("check_house.py", pkg).returncode == 0
+    (pkg / "core.py").write_text((pkg / "core.py").read_text() + "\ndef _load():\n    import bppo_kit.rollout\n")
+    (pkg / "tppo.py").write_text((pkg / "tppo.py").read_text() + "\nfrom .kit_engine import KitEngine\n")
+    r = tool("check_house.py", pkg)
+    assert r.returncode == 1 and "02_core.ipynb (core) imports rollout, taught later in 07d_rollout.ipynb" in r.stdout
+    assert "tppo imports from kit_engine" in r.stdout
