@@ -14,7 +14,7 @@ margin over the runner-up.
 import argparse, json, statistics
 from pathlib import Path
 
-from bppo_kit.compare import run_summary
+from bppo_kit.report import run_summary
 from bppo_kit.stats import summarize
 from seed_targets import runs_of  # benchmarks/ is on the path when a script here runs
 

@@ -15,7 +15,8 @@ not skip as finished (still in progress) are left out.
 import statistics
 from pathlib import Path
 
-from bppo_kit.compare import VARIANTS, run_status, run_summary
+from bppo_kit.compare import VARIANTS, run_status
+from bppo_kit.report import run_summary
 from bppo_kit.config import load_config
 from bppo_kit.runs import read_jsonl_rows
 from bppo_kit.stats import paired as paired_test

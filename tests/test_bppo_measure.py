@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest, torch
 from conftest import ROOT
 from bppo_kit.bppo import progress_budget
-from bppo_kit.compare import accuracy_curve, compare, crossing, subset_curve
+from bppo_kit.compare import compare
+from bppo_kit.report import accuracy_curve, crossing, subset_curve
 from bppo_kit.config import data_dir, get_config
 from bppo_kit.runs import read_jsonl_rows
 from bppo_kit.trainer import train

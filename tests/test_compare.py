@@ -6,6 +6,7 @@ import pytest
 from scipy import stats as sps
 from conftest import ROOT, bppo_cmd
 from bppo_kit import compare as C
+from bppo_kit import report as R
 from bppo_kit.config import data_dir, get_config
 
 needs_tiny = pytest.mark.skipif(not (data_dir() / "tiny_policy" / "config.json").exists(),
@@ -104,7 +105,7 @@ def test_every_recorded_accuracy_has_a_higher_is_better_verdict():
             "final_pass_at_k": 0.03, "total_wall_s": 10.0}
     base = {s: {k: 0.8 - 0.01 * s if k != "total_wall_s" else 100.0 + s for k in fall} for s in seeds}
     other = {s: {k: v - fall[k] * (1 + 0.1 * s) for k, v in base[s].items()} for s in seeds}
-    _, contrasts, _ = C.arms_and_contrasts({"base": base, "other": other}, "base")
+    _, contrasts, _ = R.arms_and_contrasts({"base": base, "other": other}, "base")
     said = {k: contrasts["other"][k]["verdict"] for k in fall}
     assert said == {"final_accuracy": "worse", "final_curve_accuracy": "worse", "final_greedy_accuracy": "worse",
                     "final_pass_at_k": "worse", "total_wall_s": "better"}, said

@@ -106,7 +106,7 @@ def test_plan_prints_predicted_seconds():
 
 def test_a_comparison_reads_predicted_gpu_seconds(tmp_path):
     "cost.json's per-step gpu_s is a unit of the report like the others: totals, curves, the GPU column"
-    from bppo_kit.compare import accuracy_curve, metric_rows, run_summary
+    from bppo_kit.report import accuracy_curve, metric_rows, run_summary
     run = tmp_path / "r"
     run.mkdir()
     (run / "metrics.jsonl").write_text("".join(json.dumps(dict(step=i, wall_s=1.0)) + "\n" for i in range(3)))
