@@ -25,10 +25,12 @@ def test_house_rules_can_fail(tmp_path):
     body = "".join(f"    x{i} = {i}\n" for i in range(61))
     extra = f"\ndef long():\n{body}\nif isinstance(a, TPPO): pass\n"
     (pkg / "trainer.py").write_text((pkg / "trainer.py").read_text() + extra)
+    (pkg / "config.py").write_text((pkg / "config.py").read_text() + "\n# a comment\n" * 700)
     r = tool("check_house.py", pkg)
     out = r.stdout
     assert r.returncode == 1
     assert "kernels" in out and "long is 62 lines" in out and "trainer" in out
+    assert "modules over 700 lines" in out and "config.py: " in out
 
 def test_long_export_cell_breaks_the_house_rules(tmp_path):
     "A lesson's `#| export` cell of 41 lines (directives not counted) is a finding; 40 lines is not"

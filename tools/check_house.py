@@ -28,6 +28,7 @@ root = Path(__file__).resolve().parent.parent
 MAX_LINES = 60
 WIDE, MAX_WIDE_SHARE = 110, 0.02
 MAX_CELL_LINES = 40
+MAX_MODULE_LINES = 700  # a module longer than this holds more than one lesson's idea
 # the tokens that do not make a line a code line
 NOT_CODE = (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT,
             tokenize.ENDMARKER)
@@ -127,6 +128,9 @@ def check(pkg_dir: Path) -> dict[str, list[str]]:
     files = sorted(p for p in pkg_dir.rglob("*.py") if not p.name.startswith("_"))  # _modidx.py is nbdev's
     n_code, wide = wide_lines(files)
     res = {f"functions over {MAX_LINES} lines": [s for p in files for s in long_functions(p)],
+           f"modules over {MAX_MODULE_LINES} lines": [f"{rel(p)}: {n} lines" for p in files
+                                                      if (n := len(p.read_text(encoding="utf-8").splitlines()))
+                                                      > MAX_MODULE_LINES],
            "kernels imports an algorithm module": (forbidden_imports(mod("kernels"), pkg, NOT_FROM_KERNELS)
                                                    if mod("kernels").exists() else []),
            "an algorithm module imports an engine": [s for a in ALGORITHMS if mod(a).exists()
