@@ -13,10 +13,10 @@ from .stats import contrast_table, eval_noise, mde, summarize
 
 # %% auto #0
 __all__ = ['LOAD_MARGIN', 'COST_UNITS', 'FRACTIONS', 'TOLERANCES', 'DESCRIBED', 'UNIT_NAMES', 'loaded', 'metric_rows',
-           'accuracy_curve', 'interpolate', 'subset_curve', 'crossing', 'against_baseline', 'run_summary',
-           'is_accuracy', 'metric_values', 'arms_and_contrasts', 'verdict_table', 'units_table', 'fractions_table',
-           'target_table', 'responses_table', 'report_head', 'compare_figure', 'equal_cost_figure', 'build_report',
-           'write_report']
+           'accuracy_curve', 'interpolate', 'subset_curve', 'crossing', 'against_baseline', 'run_summary', 'runs_of',
+           'cost_to_target', 'is_accuracy', 'metric_values', 'arms_and_contrasts', 'verdict_table', 'units_table',
+           'fractions_table', 'target_table', 'responses_table', 'report_head', 'compare_figure', 'equal_cost_figure',
+           'build_report', 'write_report']
 
 # %% ../nbs/25c_report.ipynb #44b602f9
 LOAD_MARGIN = 0.5  # a load above the cores by more than this flags the run's wall times
@@ -131,12 +131,34 @@ def against_baseline(run: Path, base: Path, tolerances: tuple = TOLERANCES) -> d
 # %% ../nbs/25c_report.ipynb #d77f2359
 def run_summary(run: Path, base: Path | None = None, # the baseline's run of the same seed
                 tolerances: tuple = TOLERANCES) -> dict:
-    "One run's numbers: final evaluation, totals in every unit, per-step figures, the endpoints against `base`"
+    "One run's numbers: final evaluation, totals in every unit, per-step figures, endpoints against `base`"
     m, e = metric_rows(run), read_jsonl_rows(run / "eval.jsonl")
     if not m: raise FileNotFoundError(f"no metrics in {run}")
     totals = {f"total_{u}": c[-1] for u in COST_UNITS if (c := _cumulative(m, u)) is not None}
     return dict(**_final(e), **totals, **_per_step(m),
                 **(against_baseline(run, base, tolerances) if base is not None else {}))
+
+# %% ../nbs/25c_report.ipynb #b170ce0f
+def runs_of(folder: Path) -> dict[str, dict[int, Path]]:
+    "variant -> seed -> run folder: each `NAME-sSEED` folder of a comparison folder with an evaluation"
+    out: dict[str, dict[int, Path]] = {}
+    for d in sorted(Path(folder).iterdir()):
+        if d.is_dir() and (d / "eval.jsonl").exists() and "-s" in d.name:
+            name, seed = d.name.rsplit("-s", 1)
+            if seed.isdigit(): out.setdefault(name, {})[int(seed)] = d
+    return out
+
+def cost_to_target(run: Path, base: Path, unit: str = "decode_steps", tolerance: float = 0.01) -> tuple:
+    ("(the target: `base`'s final subset accuracy less `tolerance`; `base`'s total `unit`; the `unit` `run` "
+     "spent until its subset evaluations first reached the target, and until two in a row did (None: never); "
+     "its curve)")
+    bc = subset_curve(base, unit)
+    target, budget = bc[-1][1] - tolerance, bc[-1][0]
+    c = subset_curve(run, unit)
+    ok = [acc >= target for _, acc in c]
+    hit = next((x for (x, _), y in zip(c, ok) if y), None)
+    held = next((x for (x, _), y, z in zip(c, ok, ok[1:]) if y and z), None)
+    return target, budget, hit, held, c
 
 # %% ../nbs/25c_report.ipynb #40bf9f2b
 DESCRIBED = ("steps", "grad_norm", "clip_rate", "critic_ev", "slot_utilization", "eval_problems",

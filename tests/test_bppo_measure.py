@@ -16,7 +16,8 @@ needs_tiny = pytest.mark.skipif(not HAVE_TINY, reason="the shipped tiny policy i
 SMALL = ["train.prompts_per_step=8", "rollout.group_size=8", "data.eval_size=4"]
 
 def _bias_module():
-    spec = importlib.util.spec_from_file_location("early_stop_bias", ROOT / "benchmarks" / "early_stop_bias.py")
+    study = ROOT / "benchmarks" / "studies" / "early_stop_bias.py"
+    spec = importlib.util.spec_from_file_location("early_stop_bias", study)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

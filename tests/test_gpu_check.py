@@ -1,9 +1,9 @@
-"benchmarks/gpu_check.py --smoke: the GPU check's own code, run on the CPU at tiny shapes, so that it cannot rot"
+"tools/gpu_check.py --smoke: the GPU check's own code, run on the CPU at tiny shapes, so that it cannot rot"
 import importlib.util, json, math, os, subprocess, sys
 import pytest, torch
 from conftest import ROOT
 
-SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
+SCRIPT = ROOT / "tools" / "gpu_check.py"
 
 
 def _finite(x): return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)

@@ -176,7 +176,7 @@ def test_chunked_tf32_scope(device, monkeypatch):
 
 def test_benchmark_small(tmp_path):
     out = tmp_path / "bench.json"
-    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "loss_kernel.py"), "--small", "--no-cuda",
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "speed" / "loss_kernel.py"), "--small", "--no-cuda",
                         "--repeats", "1", "--json", str(out)], capture_output=True, text=True, timeout=240)
     assert r.returncode == 0, r.stderr[-2000:]
     d = json.loads(out.read_text())

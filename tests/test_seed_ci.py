@@ -1,10 +1,10 @@
-"""benchmarks/seed_ci.py: the intervals and the paired differences of a results page, on hand-made run folders."""
+"""benchmarks/reports/seed_ci.py: a results page's intervals and paired differences, on hand-made run folders."""
 import json, math, sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "reports"))
 import seed_ci  # noqa: E402
 
 

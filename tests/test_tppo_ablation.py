@@ -1,4 +1,4 @@
-"""benchmarks/tppo_ablation.py: the T-PPO ablation table of docs/results/tppo.md, on hand-made run folders."""
+"""benchmarks/reports/tppo_ablation.py: the T-PPO ablation table of docs/results/tppo.md, on hand-made run folders."""
 import json, sys
 from pathlib import Path
 
@@ -6,9 +6,9 @@ import pytest
 
 from bppo_kit.config import Config, apply_overrides, save_config
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "reports"))
 import tppo_ablation as ta  # noqa: E402
-from seed_targets import runs_of  # noqa: E402
+from bppo_kit.report import runs_of  # noqa: E402
 
 
 def fake_run(d: Path, evals: list[tuple], steps: int = 4, ev: float = 0.3, planned: int = 4):

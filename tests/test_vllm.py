@@ -187,11 +187,11 @@ def test_trainer_on_vllm_samples_the_weights_just_trained(tmp_path, monkeypatch)
 @pytest.mark.vllm
 @needs_vllm
 def test_gpu_checks_vllm_section(tmp_path):
-    "benchmarks/gpu_check.py's vLLM section, in smoke mode: 2 steps on vLLM, a push of perturbed weights, a rebuild"
+    "tools/gpu_check.py's vLLM section, in smoke mode: 2 steps on vLLM, a push of perturbed weights, a rebuild"
     import json, subprocess
     root = Path(__file__).resolve().parents[1]
     out = tmp_path / "gpu_check.json"
-    r = subprocess.run([sys.executable, str(root / "benchmarks" / "gpu_check.py"), "--smoke", "--only", "vllm",
+    r = subprocess.run([sys.executable, str(root / "tools" / "gpu_check.py"), "--smoke", "--only", "vllm",
                         "--out", str(out)], env=os.environ | {"PYTHONPATH": str(root)}, capture_output=True,
                        text=True, timeout=600, cwd=tmp_path)
     v = json.loads(out.read_text())["sections"]["vllm"]

@@ -1,6 +1,6 @@
 """Step time of one training run on 1 process and on N (accelerate launch, DDP), same global batch, in one run.
 
-    python benchmarks/scale_out.py --procs 2 --steps 8 --algo grpo --json runs/bench_scale_out.json
+    python benchmarks/speed/scale_out.py --procs 2 --steps 8 --algo grpo --json runs/bench_scale_out.json
 
 Each run is `bppo train --preset cpu-demo` (on N processes: `accelerate launch --config_file
 configs/accelerate/ddp.yaml`, CPU processes with gloo where there is no GPU). Reported: the median step time
@@ -14,7 +14,7 @@ from pathlib import Path
 
 from safetensors.torch import load_file
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def run(out: Path, procs: int, args, threads: int) -> list[dict]:

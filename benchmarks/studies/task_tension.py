@@ -6,7 +6,7 @@ collapsing to the concise style, which left BPPO nothing to show. This runs the 
 form (per-sequence mean of token losses, `algo.reduction=seq`) and reports the share of verbose samples, mean response
 length and batch accuracy over the first and last steps.
 
-    python benchmarks/task_tension.py --steps 60 --json runs/task_tension.json
+    python benchmarks/studies/task_tension.py --steps 60 --json runs/task_tension.json
 """
 import argparse, json
 from pathlib import Path

@@ -1,6 +1,6 @@
 """Fast-path throughput of the verifier against an earlier revision's, in one process, timed runs alternated.
 
-    OMP_NUM_THREADS=1 python benchmarks/verifier_ab.py [--rev 96b3946] [--runs 15]
+    OMP_NUM_THREADS=1 python benchmarks/speed/verifier_ab.py [--rev 96b3946] [--runs 15]
 
 Loads the package `bppo_kit` of `--rev` (via `git archive`, as `bppo_kit_<rev>`) beside the working tree's (the verifier
 is four modules since issue 44, so a revision is loaded whole), and scores the GSM8K test
@@ -12,7 +12,7 @@ from pathlib import Path
 from bppo_kit.config import shared_data_dir
 from bppo_kit.data import read_jsonl
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 def load_rev(rev: str, into: Path):
     "The verifier module of the package `bppo_kit` as it was at `rev`, imported as `bppo_kit_<rev>.verifier`"

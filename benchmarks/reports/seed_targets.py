@@ -6,48 +6,11 @@ gives each seed its own target: the baseline's final accuracy *for that seed* on
 (`train.eval_subset`, the same problems every time) less `--tolerance`, and reports each variant's cost until its
 subset evaluations first reached it, and until they reached it twice in a row (held).
 
-    python benchmarks/seed_targets.py runs/tail-e2 --baseline ppo --unit decode_steps
+    python benchmarks/reports/seed_targets.py runs/tail-e2 --baseline ppo --unit decode_steps
 """
-import argparse, json, statistics
+import argparse, statistics
 from pathlib import Path
-
-
-def rows(p: Path) -> list[dict]: return [json.loads(l) for l in p.read_text().splitlines() if l.strip()]
-
-
-def runs_of(folder: Path) -> dict[str, dict[int, Path]]:
-    "variant -> seed -> run folder, for every `NAME-sSEED` folder of a compare folder that has an evaluation"
-    out: dict[str, dict[int, Path]] = {}
-    for d in sorted(folder.iterdir()):
-        if d.is_dir() and (d / "eval.jsonl").exists() and "-s" in d.name:
-            name, seed = d.name.rsplit("-s", 1)
-            if seed.isdigit(): out.setdefault(name, {})[int(seed)] = d
-    return out
-
-
-def subset_curve(run: Path, unit: str) -> list[tuple[float, float]]:
-    "(cost spent, accuracy on the subset) at every evaluation that has one: subset rows, and full rows' subset_accuracy"
-    m, e = rows(run / "metrics.jsonl"), rows(run / "eval.jsonl")
-    spent = [0.0]
-    for r in m: spent.append(spent[-1] + r[unit])
-    full = max((r.get("problems") or 0) for r in e)
-    out = []
-    for r in e:
-        acc = r["accuracy"] if (r.get("problems") or full) < full else r.get("subset_accuracy")
-        if acc is not None and r["step"] < len(spent): out.append((spent[r["step"]], acc))
-    return out
-
-
-def cost_to_target(run: Path, base: Path, unit: str = "decode_steps", tolerance: float = 0.01):
-    """`base`'s final subset accuracy less `tolerance` (the target) and its total `unit` (the budget); the `unit` `run`
-    spent until its subset evaluations first reached the target, and until two in a row did (None: never); its curve"""
-    bc = subset_curve(base, unit)
-    target, budget = bc[-1][1] - tolerance, bc[-1][0]
-    c = subset_curve(run, unit)
-    ok = [acc >= target for _, acc in c]
-    hit = next((x for (x, _), y in zip(c, ok) if y), None)
-    held = next((x for (x, _), y, z in zip(c, ok, ok[1:]) if y and z), None)
-    return target, budget, hit, held, c
+from bppo_kit.report import cost_to_target, runs_of
 
 
 def folder_args(doc: str) -> argparse.ArgumentParser:

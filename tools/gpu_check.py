@@ -1,7 +1,7 @@
 """What one GPU lease can tell about the kit's GPU path: one command, at most 5 minutes, one JSON.
 
-    PYTHONPATH=. python3 benchmarks/gpu_check.py --out $OUT/gpu_check.json        # one CUDA GPU: at most 300 s
-    OMP_NUM_THREADS=2 PYTHONPATH=. python3 benchmarks/gpu_check.py --smoke --out runs/gpu_check_smoke.json  # CPU
+    PYTHONPATH=. python3 tools/gpu_check.py --out $OUT/gpu_check.json        # one CUDA GPU: at most 300 s
+    OMP_NUM_THREADS=2 PYTHONPATH=. python3 tools/gpu_check.py --smoke --out runs/gpu_check_smoke.json  # CPU
 
 On one CUDA GPU the full run shows, in at most 5 minutes (its budget; it prints each section's share at the start,
 and one line per section at the end) and on random-weight Qwen2.5 shapes (no hub, no network):
@@ -73,7 +73,7 @@ import argparse, gc, hashlib, json, math, os, platform, signal, statistics, subp
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "benchmarks" / "speed"))  # loss_kernel.py: the loss's inputs, timer, peak meter
 # coin-flip rewards, a plugin (examples/plugins/coin_rewards.py)
 sys.path.insert(0, str(HERE.parent / "examples" / "plugins"))
 # --smoke runs the Triton kernels under Triton's CPU interpreter, which must be chosen before anything imports triton
@@ -854,7 +854,7 @@ def main(argv=None):
     t_start, out = time.time(), Path(a.out)
     budget = a.budget_s or P["budget_s"]
     deadline, scale = t_start + budget, budget / P["budget_s"]
-    result = dict(command=" ".join(["python3", "benchmarks/gpu_check.py"] + (sys.argv[1:] if argv is None else argv)),
+    result = dict(command=" ".join(["python3", "tools/gpu_check.py"] + (sys.argv[1:] if argv is None else argv)),
                   smoke=a.smoke, budget_s=budget, sections={})
     print(estimate_line(P, budget, ["preflight"] + [n for n in a.only.split(",") if n and n != "preflight"]),
           flush=True)

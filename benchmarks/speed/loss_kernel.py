@@ -1,8 +1,8 @@
 """Time and peak memory of the prefix policy loss: full logits (naive) vs the chunked PyTorch path, and on CUDA the
 Triton kernels.
 
-    OMP_NUM_THREADS=1 python benchmarks/loss_kernel.py --json runs/loss_kernel.json        # CPU: N=4096, H=512, V=32000
-    OMP_NUM_THREADS=1 python benchmarks/loss_kernel.py --small --json runs/loss_kernel_small.json  # CI size, seconds
+    OMP_NUM_THREADS=1 python benchmarks/speed/loss_kernel.py --json runs/loss_kernel.json  # CPU: N=4096, H=512, V=32000
+    OMP_NUM_THREADS=1 python benchmarks/speed/loss_kernel.py --small --json runs/loss_kernel_small.json  # CI size
 
 What is measured, per implementation: one forward + backward of `prefix_policy_loss` (gradients w.r.t. hidden and
 weight) on float32 inputs, half of every 512-token sequence trained (a prefix mask: 50% of the tokens), old log-probs
@@ -18,7 +18,7 @@ close to the current ones (as right after a rollout), seed 0.
 - CUDA (when available; not run where the kit was developed): bfloat16 at H=1536, V=151936 (Qwen2.5's vocabulary),
   N=16384: naive vs chunked vs Triton (and Liger-Kernel's `LigerFusedLinearGRPOLoss` when importable), time by CUDA
   events, memory by `torch.cuda.max_memory_allocated()` above the inputs (`measure`, also used by
-  `benchmarks/gpu_check.py`).
+  `tools/gpu_check.py`).
 
 Acceptance targets at the CPU shape: chunked peak memory >= 4x below naive, time no worse than 1.5x naive.
 """
@@ -202,7 +202,7 @@ def main():
     a = ap.parse_args()
     if a.child: return child(a)
     a.N, a.H, a.V = (1024, 128, 8000) if a.small else (4096, 512, 32000)
-    out = dict(command=" ".join(["python", "benchmarks/loss_kernel.py"] + sys.argv[1:]), torch=torch.__version__,
+    out = dict(command=" ".join(["python", "benchmarks/speed/loss_kernel.py"] + sys.argv[1:]), torch=torch.__version__,
                **cpu_bench(a))
     if torch.cuda.is_available() and not a.no_cuda: out["cuda"] = gpu_bench(a)
     if a.json:

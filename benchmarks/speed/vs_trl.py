@@ -27,7 +27,7 @@ Both report the median over steps, skipping the first as warm-up. Each side runs
 script, one after the other (kit, TRL, TRL + BPPO), so none is timed with another's imports, threads or heap in the
 process.
 
-    python benchmarks/vs_trl.py --steps 8 --json runs/vs_trl.json
+    python benchmarks/speed/vs_trl.py --steps 8 --json runs/vs_trl.json
 
 Needs the `bench` extra (`pip install -e ".[bench]"`, plus `accelerate`); the BPPO side needs the `trl` extra.
 """

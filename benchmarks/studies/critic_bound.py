@@ -1,6 +1,6 @@
 """How much of the return can T-PPO's critic explain on the CPU demo? An upper bound fitted offline.
 
-    OMP_NUM_THREADS=2 python benchmarks/critic_bound.py --json runs/critic_bound.json
+    OMP_NUM_THREADS=2 python benchmarks/studies/critic_bound.py --json runs/critic_bound.json
 
 The online critic (the T-PPO lesson's `ValueModel`: a copy of the policy's decoder and a scalar head) sees each step's
 finished responses once. This script gives the same architecture far more: it samples `--prompts` training problems x

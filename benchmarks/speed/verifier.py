@@ -1,6 +1,6 @@
 """Throughput and quality of the kit's verifier (`bppo_kit.verifier`).
 
-    OMP_NUM_THREADS=1 python benchmarks/verifier.py --json runs/bench_verifier.json [--runs 5] [--workers 2]
+    OMP_NUM_THREADS=1 python benchmarks/speed/verifier.py --json runs/bench_verifier.json [--runs 5] [--workers 2]
 
 Measures, each as the median of `--runs` timed runs:
 - gsm8k_fast: GSM8K-style responses (the 1,319 test reference solutions, and the same with a wrong final answer) scored
@@ -29,7 +29,7 @@ from bppo_kit import equivalence as E, verifier as V
 from bppo_kit.config import shared_data_dir
 from bppo_kit.data import read_jsonl
 
-TABLES = Path(__file__).resolve().parent.parent / "tests" / "data"
+TABLES = Path(__file__).resolve().parents[2] / "tests" / "data"
 
 
 def table(name: str) -> list[tuple[str, str, bool]]:

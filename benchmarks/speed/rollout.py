@@ -1,8 +1,8 @@
 """Generation engines side by side, in one process: HFEngine (padded `generate`), transformers' continuous batching
 (`generate_batch`, when the installed transformers has it) and the kit's KitEngine.
 
-    python benchmarks/rollout.py --json runs/rollout.json                 # the README's numbers (~1 min on 2 cores)
-    python benchmarks/rollout.py --small --json runs/rollout_small.json   # seconds
+    python benchmarks/speed/rollout.py --json runs/rollout.json   # the README's numbers (~1 min on 2 cores)
+    python benchmarks/speed/rollout.py --small --json runs/rollout_small.json   # seconds
 
 Workload: the shipped tiny policy, the first 16 prompts of the synthetic eval set x 8 samples = 128 completions,
 temperature 1.0, max 160 new tokens (concise ~30-token and verbose ~110-token traces: mixed lengths). Every engine

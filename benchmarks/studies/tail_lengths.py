@@ -1,6 +1,6 @@
 """The response lengths and accuracy of a preset's policy on its eval set: where its window sits among the lengths.
 
-    OMP_NUM_THREADS=2 python benchmarks/tail_lengths.py --preset cpu-tail --json runs/tail_lengths.json
+    OMP_NUM_THREADS=2 python benchmarks/studies/tail_lengths.py --preset cpu-tail --json runs/tail_lengths.json
 
 Samples `--samples` completions of every eval problem (`data.eval_size=0`: all of them) from the preset's policy with
 the kit engine at the training temperature, grades them with the run's reward, and reports the length percentiles

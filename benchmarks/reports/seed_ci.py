@@ -9,14 +9,14 @@ the time to target is the training wall time until the run's accuracy curve (lin
 reached its seed's baseline final accuracy less `--tolerance`. The best variant of each column is marked, with its
 margin over the runner-up.
 
-    python benchmarks/seed_ci.py runs/family --baseline grpo --out runs/family/ci.md --figure docs/images/family.png
+    python benchmarks/reports/seed_ci.py runs/family --baseline grpo --out runs/family/ci.md \
+        --figure docs/images/family.png
 """
 import argparse, json, statistics
 from pathlib import Path
 
-from bppo_kit.report import run_summary
+from bppo_kit.report import run_summary, runs_of
 from bppo_kit.stats import summarize
-from seed_targets import runs_of  # benchmarks/ is on the path when a script here runs
 
 # (key of run_summary, column title, scale, which way is better: +1 higher, -1 lower)
 COLUMNS = [("final_accuracy", "final acc %", 100, +1), ("final_tokens", "response tokens", 1, -1),

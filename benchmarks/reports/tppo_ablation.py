@@ -2,25 +2,24 @@
 
 One row per variant, each number as a mean over seeds with the seeds in brackets: final accuracy (the full
 evaluations), final accuracy on the subset evaluations, the decode steps until the subset evaluations first reached
-the baseline's final subset accuracy *for the same seed* less `--tolerance` (as `benchmarks/seed_targets.py`, here as a
-ratio to the baseline's total), the critic's explained variance and the response length (both `run_summary`'s). The
+the baseline's final subset accuracy *for the same seed* less `--tolerance` (`bppo_kit.report.cost_to_target`, here
+as a ratio to the baseline's total), the critic's explained variance and the response length (both `run_summary`'s). The
 last column pairs each variant's final accuracy with the reference variant's seed by seed (same seed: same starting
 policy and prompts) and gives the mean difference with its 95% t-interval (`bppo_kit.stats.paired`). The "changed"
 column is the variant's `bppo compare` overrides that the reference does not have. Runs that `bppo compare` would
 not skip as finished (still in progress) are left out.
 
-    python benchmarks/tppo_ablation.py runs/tail-abl --baseline ppo --reference tppo_recipe \
+    python benchmarks/reports/tppo_ablation.py runs/tail-abl --baseline ppo --reference tppo_recipe \
         --figure docs/images/tppo-tail-ablation-3seeds.png
 """
-import statistics
+import argparse, statistics
 from pathlib import Path
 
 from bppo_kit.compare import VARIANTS, run_status
-from bppo_kit.report import run_summary
 from bppo_kit.config import load_config
 from bppo_kit.runs import read_jsonl_rows
 from bppo_kit.stats import paired as paired_test
-from seed_targets import cost_to_target, folder_args, runs_of  # benchmarks/ is on the path when a script here runs
+from bppo_kit.report import cost_to_target, run_summary, runs_of
 
 
 def finished(run: Path) -> bool:
@@ -129,7 +128,11 @@ def figure(per: dict[str, dict[int, dict]], baseline: str, reference: str):
 
 
 def main():
-    ap = folder_args(__doc__)
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("folder", type=Path)
+    ap.add_argument("--baseline", default="ppo")
+    ap.add_argument("--unit", default="decode_steps")
+    ap.add_argument("--tolerance", type=float, default=0.01)
     ap.add_argument("--reference", default="tppo_recipe")
     ap.add_argument("--figure", type=Path, help="where to save the figure (png)")
     a = ap.parse_args()

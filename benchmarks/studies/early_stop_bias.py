@@ -1,6 +1,6 @@
 """Early stop's bias on BPPO's group statistics, measured on recorded full rollouts.
 
-    python benchmarks/early_stop_bias.py --steps 8 --json runs/early_stop_bias.json [--model tiny]
+    python benchmarks/studies/early_stop_bias.py --steps 8 --json runs/early_stop_bias.json [--model tiny]
 
 Samples `--steps` steps of full groups (the cpu-demo preset: 16 prompts x 8 completions, the kit's engine, nothing
 cancelled) with a policy, then replays `algo.schedule=early_stop` on them: `bppo_kit.bppo.early_stop_view` keeps the

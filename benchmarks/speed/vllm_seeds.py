@@ -1,6 +1,7 @@
 """vLLM sampling with a seed per request (batch-invariant) against one seed a call, on whatever vLLM build is here.
 
-    VLLM_HOST_IP=127.0.0.1 OMP_NUM_THREADS=1 /work/vllm-venv/bin/python benchmarks/vllm_seeds.py [--prompts 64] [--n 8]
+    VLLM_HOST_IP=127.0.0.1 OMP_NUM_THREADS=1 /work/vllm-venv/bin/python benchmarks/speed/vllm_seeds.py \
+        [--prompts 64] [--n 8]
         [--wide-vocab]
 
 Builds `VLLMEngine` on the shipped tiny policy once (with `--wide-vocab`: a random 2-layer model with Qwen2.5's
