@@ -51,12 +51,12 @@ def long_functions(path: Path) -> list[str]:
             if n > MAX_LINES: out.append(f"{rel(path)}:{node.lineno}: {node.name} is {n} lines (at most {MAX_LINES})")
     return out
 
-def kit_imports(path: Path, pkg: str, bare: bool = True) -> list[tuple[int, str]]:
-    ("`(line, module)` for every import of a module of package `pkg` (named without the package) in `path`; "
-     "`bare=False` leaves out `import pkg.x`, which imports a module for its side effects (registering built-ins)")
+def kit_imports(path: Path, pkg: str) -> list[tuple[int, str]]:
+    ("`(line, module)` for every import of a module of package `pkg` (named without the package) in `path`, "
+     "`import pkg.x` for its side effects included")
     out = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
-        if isinstance(node, ast.Import) and bare:
+        if isinstance(node, ast.Import):
             out += [(node.lineno, a.name.split(".")[1]) for a in node.names if a.name.startswith(pkg + ".")]
         elif isinstance(node, ast.ImportFrom):
             mod = node.module or ""
@@ -118,7 +118,7 @@ def later_imports(nbs_dir: Path, pkg_dir: Path) -> list[str]:
         path = pkg_dir / (mod.replace(".", "/") + ".py")
         if not path.exists(): continue
         out += [f"{nb} ({mod}) imports {name}, taught later in {nums[name][1]}"
-                for _, name in kit_imports(path, pkg_dir.name)  # `import pkg.x` for its side effects too
+                for _, name in kit_imports(path, pkg_dir.name)
                 if name != mod and name in nums and nums[name][0] >= n]
     return out
 

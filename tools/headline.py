@@ -84,8 +84,9 @@ def estimate(rep: dict, row: dict) -> tuple[str, str]:
 
 def table() -> str:
     lines = [HEADER]
+    reports = {name: json.loads((DATA / name / "report.json").read_text()) for name in {r["report"] for r in ROWS}}
     for row in ROWS:
-        rep = json.loads((DATA / row["report"] / "report.json").read_text())
+        rep = reports[row["report"]]
         est, verdict = estimate(rep, row)
         where = "same runs" if row.get("same") else design(rep)
         lines.append(f"| {row['claim']} | {where} | {row['unit']} | {est} | {verdict} | {row['page']} |")
