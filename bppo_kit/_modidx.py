@@ -235,6 +235,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                       'bppo_kit.distributed.Dist.sync_if': ('distributed.html#dist.sync_if', 'bppo_kit/distributed.py'),
                                       'bppo_kit.distributed.Dist.unwrap': ('distributed.html#dist.unwrap', 'bppo_kit/distributed.py'),
                                       'bppo_kit.distributed._env_true': ('distributed.html#_env_true', 'bppo_kit/distributed.py'),
+                                      'bppo_kit.distributed._row_sharded': ('distributed.html#_row_sharded', 'bppo_kit/distributed.py'),
                                       'bppo_kit.distributed.bare': ('distributed.html#bare', 'bppo_kit/distributed.py'),
                                       'bppo_kit.distributed.check_world': ('distributed.html#check_world', 'bppo_kit/distributed.py'),
                                       'bppo_kit.distributed.checkpoint_states': ( 'distributed.html#checkpoint_states',

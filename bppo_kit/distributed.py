@@ -4,18 +4,19 @@
 
 # %% ../nbs/03_distributed.ipynb #2c795017
 from __future__ import annotations
-import atexit, importlib.util, os, warnings
+import atexit, importlib.util, math, os, warnings
 from contextlib import nullcontext
 from dataclasses import replace
 import torch
+import torch.distributed as td
 from fastcore.basics import patch
 from .config import Config, ConfigError
 from .core import Rollout, TrainItem
 
 # %% auto #0
 __all__ = ['Dist', 'bare', 'close_group', 'launched_world', 'check_world', 'deepspeed_problem', 'fsdp_problem', 'launch_problem',
-           'init_dist', 'gather_rollout', 'deal_items', 'full_state_dict', 'gather_into', 'checkpoint_states',
-           'load_optimizer_state', 'reduce_metrics']
+           'init_dist', 'gather_rollout', 'deal_items', 'full_state_dict', 'checkpoint_states', 'load_optimizer_state',
+           'gather_into', 'reduce_metrics']
 
 # %% ../nbs/03_distributed.ipynb #ae99ca02
 class Dist:
@@ -208,14 +209,6 @@ def full_state_dict(dist: Dist, model) -> dict:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
 
-@torch.no_grad()
-def gather_into(dist: Dist, model, dst):
-    ("Copy the trained model's weights into `dst`, a whole model of its architecture: under FSDP2 one weight "
-     "gathered at a time (a collective), never the whole float32 state dict at once")
-    mine = dst.state_dict()
-    for k, v in bare(model).state_dict().items():
-        mine[k].copy_(v.full_tensor() if hasattr(v, "full_tensor") else v)  # a shard's whole weight, then freed
-
 def checkpoint_states(dist: Dist, model, opt) -> tuple[dict | None, dict, str]:
     "(model state or None: the module's own, optimizer state, its format) to write; under FSDP2 a collective"
     if dist.kind != "fsdp": return None, opt.state_dict(), "torch"
@@ -230,6 +223,32 @@ def load_optimizer_state(model, opt, state: dict, fmt: str = "torch"):
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
     set_optimizer_state_dict(model, getattr(opt, "optimizer", opt), state,
                              options=StateDictOptions(full_state_dict=True))
+
+# %% ../nbs/03_distributed.ipynb #69448e13
+def _row_sharded(v, world: int) -> bool:
+    "A weight FSDP2 shards by rows over one mesh of `world` processes, which `gather_into` gathers itself"
+    from torch.distributed.tensor import Shard
+    return getattr(v, "placements", None) == (Shard(0),) and v.device_mesh.size() == world and v.dim() > 0
+
+@torch.no_grad()
+def gather_into(dist: Dist, model, dst):
+    ("Copy the trained model's weights into `dst`, a whole model of its architecture: under FSDP2 one weight "
+     "at a time into two buffers made once (a padded shard, a gathered weight): a fixed peak")
+    mine, src, w = dst.state_dict(), bare(model).state_dict(), dist.world
+    size = lambda v: (-(-v.shape[0] // w), math.prod(v.shape[1:]))  # rows a process (torch.chunk's), row size
+    need = {}  # per dtype and device: the largest padded shard
+    for v in (v for v in src.values() if _row_sharded(v, w)):
+        need[v.dtype, v.device] = max(need.get((v.dtype, v.device), 0), math.prod(size(v)))
+    bufs = {(dt, dev): (torch.empty(n, dtype=dt, device=dev), torch.empty(w * n, dtype=dt, device=dev))
+            for (dt, dev), n in need.items()}
+    for k, v in src.items():
+        if not _row_sharded(v, w):
+            mine[k].copy_(v.full_tensor() if hasattr(v, "full_tensor") else v)
+            continue
+        (shard, out), (r, c), local = bufs[v.dtype, v.device], size(v), v.to_local().reshape(-1)
+        shard[:local.numel()].copy_(local)  # the last processes' shards may be short, or empty
+        td.all_gather_into_tensor(out[:w * r * c], shard[:r * c], group=v.device_mesh.get_group())
+        mine[k].copy_(out[:w * r * c].view(w * r, *v.shape[1:])[:v.shape[0]])  # padding rows dropped
 
 # %% ../nbs/03_distributed.ipynb #19484128
 def reduce_metrics(dist: Dist, row: dict, summed: set | tuple = ()) -> dict:

@@ -18,7 +18,7 @@ from .policy import add_lora, resolve_policy_path
 from .shapes import qwen2_5_config
 
 # %% auto #0
-__all__ = ['GIB', 'KNOWN_SHAPES', 'CONTEXT_GIB', 'SHARDS', 'SYNC_COPIES', 'SAMPLING_COPIES', 'RECOMPUTE_ROWS', 'RECOMPUTE_TOKENS',
+__all__ = ['GIB', 'KNOWN_SHAPES', 'CONTEXT_GIB', 'SHARDS', 'SAMPLING_COPIES', 'RECOMPUTE_ROWS', 'RECOMPUTE_TOKENS',
            'MERGE_COPIES', 'SETUPS', 'model_config', 'Arch', 'arch_of', 'layer_activations', 'shared_activations',
            'chunked_tiles', 'loss_path', 'update_moments', 'LiveBytes', 'train_items', 'measure_update', 'dtype_bytes',
            'loss_kernel_on', 'kv_bytes_per_token', 'step_sizes', 'Row', 'state_rows', 'update_rows', 'sync_row',
@@ -377,17 +377,17 @@ def update_rows(cfg: Config, a: Arch, gpus: int = 1, shard: str = "ddp",
     return rows, moments
 
 # %% ../nbs/21_plan.ipynb #9812fcd5
-# FSDP2's engine sync (`gather_into`): one weight gathered from the shards at a time; a gathered weight is freed once
-# the collective lets go of it, so the next may be gathered first: at most two alive (tests/fsdp2_check.py measured
-# 1x, 1.4x and 2x the largest weight over runs)
-SYNC_COPIES = 2
-
+# FSDP2's engine sync (`gather_into`) gathers one weight at a time into two buffers made once, for the
+# largest weight: this GPU's shard (padded to torch.chunk's rows per GPU) and the gathered weight. A weight's
+# rows may be its outputs or its inputs (the MLP's down projection): both orientations are candidates.
 def sync_row(a: Arch, gpus: int = 1, shard: str = "ddp") -> Row | None:
-    "FSDP2's engine sync after each update, one weight gathered at a time: twice the largest (None unsharded)"
+    "FSDP2's engine sync after each update: the largest weight gathered, and this GPU's shard (or None)"
     if shard != "fsdp2" or gpus < 2: return None
-    rows, cols = max((a.vocab, a.hidden), (a.inter, a.hidden), key=lambda s: s[0] * s[1])
-    return Row("FSDP2 weight sync, a weight at a time", SYNC_COPIES * 4 * rows * cols,
-               f"{SYNC_COPIES} x the largest weight, {rows} x {cols} fp32")
+    shapes = ((a.vocab, a.hidden), (a.inter, a.hidden), (a.hidden, a.inter))
+    rows, cols = max(((-(-r // gpus), c) for r, c in shapes), key=lambda s: s[0] * s[1])  # a padded shard
+    return Row("FSDP2 weight sync, a weight at a time", 4 * (gpus + 1) * rows * cols,
+               f"{gpus} + 1 shards of the largest weight, {rows} x {cols} fp32 each")
+
 
 # %% ../nbs/21_plan.ipynb #8ee3e87b
 # a decoding step's float32 logits, as many times as sampling holds them at once (logits, processed scores,

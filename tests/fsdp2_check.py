@@ -96,9 +96,19 @@ def main(out: Path):
     gen = copy.deepcopy(base).eval().requires_grad_(False)  # the trainer's copy to gather into (setup, under FSDP2)
     from bppo_kit.distributed import gather_into
     from bppo_kit.plan import LiveBytes  # the sync's peak: weight by weight, and the whole state dict at once
-    with LiveBytes(keep=list(gen.state_dict().values())) as live: gather_into(d, model, gen)  # one weight at a time
+    held = list(gen.state_dict().values()) + [v.to_local() for v in model.state_dict().values()]  # not the sync's
+    with LiveBytes(keep=held) as live: gather_into(d, model, gen)  # one weight at a time
     res["sync_peak"] = live.peaks.get("update", 0)
-    with LiveBytes(keep=list(gen.state_dict().values())) as live2: gen.load_state_dict(full_state_dict(d, model))
+    res["gather_diff"] = max((gen.state_dict()[k] - v).abs().max().item() for k, v in full_state_dict(d, model).items())
+    torch.manual_seed(1)  # rows that do not split evenly over the processes, and a weight with fewer rows than them
+    odd = torch.nn.Sequential(torch.nn.Embedding(5, 3), torch.nn.Linear(3, 7), torch.nn.Linear(7, 1))
+    whole = copy.deepcopy(odd).requires_grad_(False)
+    for p in whole.parameters(): p.zero_()  # a weight the gather missed stays zero
+    from torch.distributed.fsdp import fully_shard
+    gather_into(d, fully_shard(odd), whole)
+    res["uneven_gather_diff"] = max((whole.state_dict()[k] - v).abs().max().item()
+                                    for k, v in full_state_dict(d, odd).items())
+    with LiveBytes(keep=held) as live2: gen.load_state_dict(full_state_dict(d, model))
     res["sync_peak_whole"] = live2.peaks.get("update", 0)
     res["model_bytes"] = sum(4 * p.numel() for p in base.parameters())
     from bppo_kit.plan import plan  # the planner's row for this model on 2 FSDP2 processes

@@ -166,7 +166,8 @@ def test_fsdp2_code_on_two_cpu_processes(tmp_path):
     assert r["engine_sync_keys"] and r["engine_sync_diff"] == 0.0 and r["engine_sync_plain"], r
     # gathered weight by weight, the sync holds less than the whole float32 state dict at once (issue 43)
     assert r["sync_peak"] < 0.7 * r["sync_peak_whole"] and r["sync_peak_whole"] >= r["model_bytes"], r
-    # ... and the planner's sync row bounds it: two gathered copies of the largest weight. A gathered weight is freed
-    # when gloo's thread lets go of its collective, so the last one may or may not be alive when the next is
-    # gathered: measured 1x, 1.4x and 2x the largest weight (the row) over runs
-    assert r["sync_planned"] / 2 <= r["sync_peak"] <= 1.15 * r["sync_planned"], r
+    # ... and the planner's sync row is what it holds: the largest weight gathered and this process's shard of it, in
+    # two buffers made once (before, a new weight each time left the peak to gloo's thread: 1x to 2x over runs)
+    assert 0.85 * r["sync_planned"] <= r["sync_peak"] <= 1.15 * r["sync_planned"], r
+    # weights whose rows do not split evenly (7 rows on 2 processes: 4 and 3; 1 row: 1 and none) gather whole
+    assert r["gather_diff"] == 0.0 and r["uneven_gather_diff"] == 0.0, r
