@@ -122,8 +122,9 @@ def cmd_compare(args, cfg: Config) -> int:
     "`compare` of `--algos` over `--seeds` (with `--budget`: at the baseline's cost); prints `report.md`"
     from bppo_kit.compare import BUDGET_UNITS, compare, parse_seeds, report_folder
     if args.report_only:
-        report_folder(args.out, args.unit)
-        print((Path(args.out) / "report.md").read_text())
+        rep = report_folder(args.out, args.unit, baseline := getattr(args, "baseline", None))
+        rebased = "budget_of" in rep["design"]  # against another arm: its own folder
+        print((Path(args.out) / (f"vs-{baseline}" if rebased else "") / "report.md").read_text())
         return 0
     if args.budget is not None and args.budget not in BUDGET_UNITS:
         raise ConfigError(f"--budget: must be one of {', '.join(BUDGET_UNITS)}; got {args.budget!r}")
@@ -273,6 +274,8 @@ def _design_args(cp):
                     help="run seed by seed: every arm of a seed, then the next")
     cp.add_argument("--report-only", action="store_true",
                     help="rebuild the report of --out's last design; no training")
+    cp.add_argument("--baseline", metavar="ARM",
+                    help="with --report-only: the same runs against another arm (the report in OUT/vs-ARM/)")
 
 
 # %% ../nbs/27_cli.ipynb #ba716df1

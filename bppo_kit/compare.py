@@ -314,17 +314,24 @@ def _finished(run: Path) -> bool:
     return ((run / "config.yaml").exists() and bool(read_jsonl_rows(run / "metrics.jsonl"))
             and run_status(run, load_config(run / "config.yaml")) == "finished")
 
-def report_folder(out, unit: str | None = None) -> dict: # unit: the verdicts' (None: the design's)
+def report_folder(out, unit: str | None = None, # the verdicts' unit (None: the design's)
+                  baseline: str | None = None) -> dict: # another arm to compare against: in `out/vs-ARM/`
     "Rebuild the report of the last design recorded in comparison folder `out` from its runs"
     designs = read_designs(Path(out))
     if not designs: raise ConfigError(f"compare: no design.json in {out}: nothing to report")
-    d = designs[-1] | ({"unit": unit} if unit else {})
+    d, to = designs[-1] | ({"unit": unit} if unit else {}), Path(out)
     _check_args(None, None, d["unit"], d["margin"])
+    if baseline not in (None, *d["variants"]):
+        raise ConfigError(f"--baseline: {baseline!r} is not an arm of the design: {', '.join(d['variants'])}")
+    if baseline not in (None, d["baseline"]):  # the same runs against another arm; the budget its payer's
+        d = d | dict(baseline=baseline, budget_of=d["baseline"],
+                     variants=[baseline, *(v for v in d["variants"] if v != baseline)])
+        (to := Path(out) / f"vs-{baseline}").mkdir(exist_ok=True)
     runs = {v: {s: Path(out) / f"{v}-s{s}" for s in d["seeds"]} for v in d["variants"]}
     if left := [str(p) for seeds in runs.values() for p in seeds.values() if not _finished(p)]:
         raise ConfigError(f"compare: {len(left)} run(s) of the design did not finish, e.g. {left[0]}; run its "
                           "command again to finish them")
-    return write_report(Path(out), runs, d, chosen_on([Path(out), *map(Path, d.get("chosen_in", []))], but=d))
+    return write_report(to, runs, d, chosen_on([Path(out), *map(Path, d.get("chosen_in", []))], but=d))
 
 # %% ../nbs/26_compare.ipynb #0e405b1d
 def price_folder(out, model: str, gpu: str, gpus: int = 1, k: int = 0, # k: asynchronous rollouts' staleness

@@ -403,7 +403,8 @@ def build_report(runs: dict[str, dict[int, Path]], design: dict, chosen: dict | 
                  seeds_sd=final["sd"]) if final and problems else None
     shown = {n: sorted(set(s) & set(runs.get(n, {}))) for n, s in (chosen or {}).items()}
     unit = design.get("budget")
-    spent = ([run_cost(read_jsonl_rows(p / "metrics.jsonl"), unit) for p in runs[base].values()]
+    payer = design.get("budget_of", base)  # whose cost the budget was: the baseline, unless re-based
+    spent = ([run_cost(read_jsonl_rows(p / "metrics.jsonl"), unit) for p in runs[payer].values()]
              if unit else None)
     points = [r["curve_points"] for rs in per.values() for r in rs.values() if r.get("curve_points")]
     kinds = sorted({r["curve"] for rs in per.values() for r in rs.values() if r.get("curve")})
@@ -427,9 +428,10 @@ def write_report(out: Path, runs: dict[str, dict[int, Path]], # arm -> seed -> r
     lines = report_head(rep) + ["## Verdicts", ""] + verdict_table(arms, rep["contrasts"], rep["design"])
     if design.get("budget"):
         share, name = design.get("budget_fraction") or 1.0, UNIT_NAMES[design["budget"]]
-        at = "" if share == 1 else f"{share:g}x "
-        lines += ["", f"## {at or 'Equal '}cost: {name}", "", "Every arm but the baseline ran until it had "
-                  f"spent {at}the baseline's total {name} for its seed (or its cap on steps): its final "
+        at, payer = "" if share == 1 else f"{share:g}x ", design.get("budget_of", design["baseline"])
+        who = "the baseline" if payer == design["baseline"] else f"`{payer}`"
+        lines += ["", f"## {at or 'Equal '}cost: {name}", "", f"Every arm but {who} ran until it had "
+                  f"spent {at}{who}'s total {name} for its seed (or its cap on steps): its final "
                   "accuracy is its accuracy at that cost.", "", "![equal cost](equal_cost.png)"]
     lines += ["", "## Every unit", "", "Totals over training (x the baseline's mean).", ""]
     lines += units_table(arms, design["baseline"], flagged)
@@ -449,5 +451,7 @@ def write_report(out: Path, runs: dict[str, dict[int, Path]], # arm -> seed -> r
     lists = {n: list(s.values()) for n, s in runs.items()}
     compare_figure(lists).savefig(out / "compare.png", dpi=80)
     if design.get("budget"):
+        payer = design.get("budget_of", design["baseline"])  # its budget line first
+        lists = {n: lists[n] for n in [payer, *(n for n in lists if n != payer)]}
         equal_cost_figure(lists, design["budget"]).savefig(out / "equal_cost.png", dpi=80)
     return rep

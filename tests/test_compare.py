@@ -60,6 +60,15 @@ def test_cli_report_schema_and_refusals(tmp_path):
     r = bppo("compare", "--out", out, "--report-only")
     assert r.returncode == 0, r.stderr[-2000:]
     assert json.loads((out / "report.json").read_text())["arms"] == rep["arms"]
+    # the same runs against the other arm: its own folder, each paired difference the other way round
+    r = bppo("compare", "--out", out, "--report-only", "--baseline", "bppo")
+    assert r.returncode == 0 and "Baseline: bppo." in r.stdout, r.stderr[-2000:]
+    back = json.loads((out / "vs-bppo" / "report.json").read_text())
+    assert back["design"]["baseline"] == "bppo" and list(back["contrasts"]) == ["grpo"]
+    assert back["contrasts"]["grpo"]["final_accuracy"]["diffs"] == pytest.approx(
+        [-x for x in rep["contrasts"]["bppo"]["final_accuracy"]["diffs"]], abs=1e-12)
+    one_line_exit_2(bppo("compare", "--out", out, "--report-only", "--baseline", "ppo"),
+                    "--baseline: 'ppo' is not an arm of the design: grpo, bppo")
     r = bppo(*cmd)
     assert r.returncode == 0 and "†" not in r.stdout, r.stderr[-2000:]
     assert {p: p.stat().st_mtime for p in out.glob("*-s*/metrics.jsonl")} == before

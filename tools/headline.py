@@ -28,11 +28,21 @@ ROWS = [
          metric="final_tokens", kind="against", unit="final response tokens", page=GRPO_BPPO, same=True),
     dict(claim="…and on a GPU that run costs less", report="bppo-vs-grpo", arm="bppo", metric="total_gpu_s",
          kind="ratio_s", unit="GPU s, predicted (Qwen2.5-1.5B, H100)", page=COST, same=True, predicted=True),
+    dict(claim="PPO (`ppo`, 16 steps), the baseline: final accuracy", report="tppo-vs-ppo", arm="ppo",
+         metric="final_accuracy", kind="arm_pct", unit="decoding passes", page=TPPO),
+    dict(claim="T-PPO (`tppo_recipe`), at PPO's decoding passes, is more accurate than PPO", report="tppo-vs-ppo",
+         arm="tppo_recipe", metric="final_accuracy", kind="points", unit="decoding passes", page=TPPO),
+    dict(claim="…and at PPO's generated tokens", report="tppo-vs-ppo", arm="tppo_recipe",
+         metric="accuracy_at_1_generated_tokens", kind="points", unit="generated tokens", page=TPPO, same=True),
+    dict(claim="…and on a GPU that run costs less", report="tppo-vs-ppo", arm="tppo_recipe", metric="total_gpu_s",
+         kind="ratio_s", unit="GPU s, predicted (Qwen2.5-1.5B, H100)", page=COST, same=True, predicted=True),
+    dict(claim="T-PPO without the critic warm-up (`tppo_recipe_nowarm`) against PPO on equal footing (`ppo_fair`: "
+         "the same oversampling and LM loss), at equal decoding passes", report="tppo-vs-ppo/vs-ppo_fair",
+         arm="tppo_recipe_nowarm", metric="final_accuracy", kind="points", unit="decoding passes", page=TPPO,
+         same=True),
 ]
 # rows no committed report backs yet (earlier, choosing designs), kept as they are until their comparison runs
 LEGACY = [
-    "| T-PPO (`tppo_recipe`) is more accurate than PPO at equal decoding passes | `cpu-tail`, choosing, seeds 0–2 | "
-    "decoding passes | +4.8 [−1.0, +10.5] accuracy points | **inconclusive** | [T-PPO](docs/results/tppo.md) |",
     "| BPPO's peers (CPPO, PODS, GFPO, 2-GRPO, prefix-only) differ from GRPO | `cpu-demo`, 40 steps, choosing, seeds "
     "0–2 | steps | none distinguishable; the design detects only about 12.5 points | **inconclusive** | "
     "[BPPO's family](docs/results/family.md) |",
