@@ -120,6 +120,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                  'bppo_kit.config.validate': ('config.html#validate', 'bppo_kit/config.py')},
             'bppo_kit.core': { 'bppo_kit.core.Algorithm': ('core.html#algorithm', 'bppo_kit/core.py'),
                                'bppo_kit.core.Algorithm.__init__': ('core.html#algorithm.__init__', 'bppo_kit/core.py'),
+                               'bppo_kit.core.Algorithm.__init_subclass__': ('core.html#algorithm.__init_subclass__', 'bppo_kit/core.py'),
                                'bppo_kit.core.Algorithm.after_update': ('core.html#algorithm.after_update', 'bppo_kit/core.py'),
                                'bppo_kit.core.Algorithm.budget': ('core.html#algorithm.budget', 'bppo_kit/core.py'),
                                'bppo_kit.core.Algorithm.check': ('core.html#algorithm.check', 'bppo_kit/core.py'),

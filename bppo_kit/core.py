@@ -140,8 +140,7 @@ def token_weights(mask: torch.Tensor, # [B, T] trained tokens of (a micro-batch 
 
 # %% ../nbs/02_core.ipynb #c5a1f59f
 class Algorithm:
-    ("What the training loop asks of an algorithm; the defaults fit group algorithms, which write only "
-     "`prepare`")
+    "What the training loop asks of an algorithm; the defaults fit group algorithms (they write `prepare`)"
     def __init__(self, cfg: Config, # the run's validated config
                  policy=None): # the model being trained (T-PPO copies it for its value model)
         self.cfg, self.name = cfg, cfg.algo.name
@@ -152,61 +151,42 @@ class Algorithm:
         return algo_settings(self.cfg, self.name)
 
     @classmethod
-    def check(cls, cfg: Config, caps=None):
-        ("Raise `ConfigError`, naming the field, if `cfg` does not suit this algorithm (called before "
-         "anything loads); `caps`: the run's engine's `EngineCaps`, which the trainer hands in")
+    def check(cls, cfg: Config, caps=None): # caps: the run's engine's `EngineCaps` (the trainer's)
+        "Raise `ConfigError` naming the field if `cfg` does not suit this algorithm (before anything loads)"
+
+    def collect(self, step: int, sampler) -> tuple[list[TrainItem], dict]:
+        "This process's train items and the step's metrics: a scored group rollout, handed to `prepare`"
+        rollout, metrics = sampler.groups(step, self.on_finish, self.budget(step))  # the whole step
+        items, more = self.prepare(rollout, step)
+        return sampler.deal(items), {**metrics, **more}  # this process trains its deal of the items
 
     def prepare(self, rollout: Rollout, step: int = 0) -> tuple[list[TrainItem], dict]:
         "Train items and metrics for a scored rollout (group algorithms write this)"
         raise NotImplementedError(f"{type(self).__name__} must define prepare(rollout, step) or "
                                   "override collect")
 
+    def surrogate(self, logp: torch.Tensor, old_logp: torch.Tensor,
+                  adv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        "Per-token policy loss [B, T] and the tokens whose gradient clipping removed"
+        return clipped_surrogate(logp, old_logp, adv, self.cfg.algo.eps_low, self.cfg.algo.eps_high)
+
+    def on_finish(self, examples: list[Example]): return None  # the engine's callback as each completion ends
+    def budget(self, step: int) -> int | None: return None  # the step's max_new_tokens; None: the config's
+    def after_update(self, pad_id: int) -> dict: return {}  # after the optimizer step (a critic's); metrics
+    def distribute(self, dist): return None  # scale-out: wrap your own trained models with `dist.prepare`
+    def state_dict(self) -> dict | None: return None  # your own state for checkpoints, if any
+    def load_state_dict(self, state: dict): return None
+
+
 # %% ../nbs/02_core.ipynb #77a15f49
-@patch
-def collect(self: Algorithm, step: int, sampler) -> tuple[list[TrainItem], dict]:
-    ("This process's train items and the step's metrics: a scored group rollout from `sampler`, handed "
-     "to `prepare`")
-    # the whole step, every process
-    rollout, metrics = sampler.groups(step, self.on_finish, self.budget(step))
-    items, more = self.prepare(rollout, step)
-    return sampler.deal(items), {**metrics, **more}  # this process trains its deal of the items
+@patch(cls_method=True)
+def __init_subclass__(cls: Algorithm, **kw):
+    "A subclass written when `on_finish` was called `scheduler` still works, with a warning"
+    super(Algorithm, cls).__init_subclass__(**kw)
+    if "scheduler" in vars(cls) and "on_finish" not in vars(cls):
+        warnings.warn(f"{cls.__name__}.scheduler is now called on_finish; rename it", DeprecationWarning, 2)
+        cls.on_finish = cls.scheduler
 
-@patch
-def on_finish(self: Algorithm, examples: list[Example]):
-    "The engine's `on_finish` callback for this step's prompts, or None: every completion runs to its end"
-    if hasattr(self, "scheduler"):  # the name this method had before: an algorithm written for it still works
-        warnings.warn(f"{type(self).__name__}.scheduler is now called on_finish; rename it", DeprecationWarning,
-                      stacklevel=2)
-        return self.scheduler(examples)
-    return None
-
-@patch
-def budget(self: Algorithm, step: int) -> int | None:
-    "The step's generation budget (`max_new_tokens`), or None for the config's"
-    return None
-
-# %% ../nbs/02_core.ipynb #d362d0a3
-@patch
-def surrogate(self: Algorithm, logp: torch.Tensor, old_logp: torch.Tensor,
-              adv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    "Per-token policy loss [B, T] and the tokens whose gradient clipping removed"
-    return clipped_surrogate(logp, old_logp, adv, self.cfg.algo.eps_low, self.cfg.algo.eps_high)
-
-@patch
-def after_update(self: Algorithm, pad_id: int) -> dict:
-    "Work after the policy's optimizer step (e.g. a critic's update); its metrics"
-    return {}
-
-@patch
-def distribute(self: Algorithm, dist):
-    ("Scale-out: wrap the algorithm's own trained models with `dist.prepare` (the distributed lesson); "
-     "default none")
-
-@patch
-def state_dict(self: Algorithm) -> dict | None: return None  # the algorithm's own state for checkpoints, if any
-
-@patch
-def load_state_dict(self: Algorithm, state: dict): pass
 
 # %% ../nbs/02_core.ipynb #844683bf
 ALGORITHMS: dict[str, type] = {}  # name -> Algorithm subclass; filled by `register`
@@ -340,10 +320,8 @@ class Engine:
 
     @classmethod
     def check(cls, cfg: Config):
-        ("Raise `ConfigError`, naming the field, if this engine cannot serve `cfg` (called before "
-         "anything loads)")
-        dev = cls.caps.device
-        if dev and cfg.train.device not in ("auto", dev):
+        "Raise `ConfigError` naming the field if this engine cannot serve `cfg` (before anything loads)"
+        if (dev := cls.caps.device) and cfg.train.device not in ("auto", dev):
             raise ConfigError(f"rollout.engine: {cls.name or cls.__name__} needs a {dev} device, "
                               f"but train.device is {cfg.train.device}")
 
@@ -358,34 +336,22 @@ class Engine:
                kv_per_token: int, # KV-cache bytes of one token (all layers)
                weight_bytes: int, gpu_bytes: int) -> EngineMemory: # the weights in the compute dtype; one GPU
         "What the engine holds on a GPU for a step (the memory planner); by default: not modelled"
-        return EngineMemory(0, 0, seqs,
-                            [(f"{cls.name or cls.__name__} engine", 0, "not modelled by the planner")])
+        return EngineMemory(0, 0, seqs, [(f"{cls.name or cls.__name__} engine", 0, "not modelled")])
 
     def generate(self, prompts: list, n: int = 1, sampling: SamplingParams | None = None,
                  **kw) -> list[Completion]: # uid_base (a process's share), on_finish (with `caps.cancels`)
         "`n` completions of each prompt, grouped by prompt: index `i*n + j` is sample `j` of prompt `i`"
         raise NotImplementedError(f"{type(self).__name__} must define generate")
 
-# %% ../nbs/02_core.ipynb #70a3686e
-@patch
-def run(self: Engine, requests: list[Request], sampling: SamplingParams | None = None, window: int | None = None,
-        on_finish=None) -> list[Completion]:
-    "Decode `requests` (with `caps.windows`: at most `window` new tokens each, unfinished ones paused)"
-    raise NotImplementedError(f"{type(self).__name__} has no windows (EngineCaps.windows)")
+    def run(self, requests: list[Request], sampling: SamplingParams | None = None, window: int | None = None,
+            on_finish=None) -> list[Completion]:
+        "Decode `requests` (with `caps.windows`: at most `window` new tokens each, unfinished ones paused)"
+        raise NotImplementedError(f"{type(self).__name__} has no windows (EngineCaps.windows)")
 
-@patch
-def sync_weights(self: Engine, model):
-    "Load `model`'s weights into the engine's own copy (engines with `caps.own_weights`)"
+    def sync_weights(self, model): return None  # load `model`'s weights into its copy (`caps.own_weights`)
+    def sleep(self): return None  # free device memory until the next `sync_weights` (the update needs it)
+    def close(self): return None  # give back what the engine holds for good (`train` closes its engine)
 
-@patch
-def sleep(self: Engine):
-    ("Free the engine's device memory until the next `sync_weights` (the update needs it); no-op "
-     "by default")
-
-@patch
-def close(self: Engine):
-    ("Give back what the engine holds for good (a run closes its engine when `train` returns); no-op "
-     "by default")
 
 # %% ../nbs/02_core.ipynb #c81a6e6e
 ENGINES: dict[str, type] = {}  # name -> Engine subclass; filled by `register_engine`
