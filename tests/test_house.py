@@ -87,3 +87,18 @@ def test_an_arrow_back_up_breaks_the_house_rules(tmp_path):
     r = tool("check_house.py", pkg)
     assert r.returncode == 1 and "02_core.ipynb (core) imports rollout, taught later in 07d_rollout.ipynb" in r.stdout
     assert "tppo imports from kit_engine" in r.stdout
+
+def test_a_lesson_that_shows_too_little_breaks_the_house_rules(tmp_path):
+    "Rule 9: 2 of 5 check cells showing a value (40%) holds; 1 of 5 does not; a test call at the end shows nothing"
+    shutil.copytree(ROOT / "bppo_kit", tmp_path / "bppo_kit")
+    (tmp_path / "nbs").mkdir()
+    def lesson(*srcs):
+        cells = [{"cell_type": "code", "id": f"c{i:07d}", "metadata": {}, "execution_count": None, "outputs": [],
+                  "source": s} for i, s in enumerate(["#| export\ndef f(): return 1", *srcs])]
+        (tmp_path / "nbs" / "99_quiet.ipynb").write_text(json.dumps({"cells": cells, "metadata": {},
+                                                                     "nbformat": 4, "nbformat_minor": 5}))
+        return tool("check_house.py", tmp_path / "bppo_kit")
+    silent = ["test_eq(f(), 1)", "assert f() == 1", "x = f()"]
+    assert lesson(*silent, "f()", "print(f())").returncode == 0
+    r = lesson(*silent, "f()", "test_eq(f(), 1)")
+    assert r.returncode == 1 and "99_quiet.ipynb: 1 of 5 check cells show a value (at least 40%)" in r.stdout

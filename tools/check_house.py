@@ -12,12 +12,16 @@
 7. Lessons are numbered in pipeline order: a lesson's module (`#| default_exp`) imports only from modules of lessons
    numbered before it, so reading `nbs/` in order never meets a name not yet taught (a bare `import bppo_kit.x` that
    only registers built-ins, as `core`'s engine lookup does, names nothing and is not counted).
+8. No module is longer than 700 lines.
+9. Lessons show: in every lesson (`nbs/NN*.ipynb`) at least 40% of the check cells (code cells with no `#| export`,
+   `#| hide` or `#| default_exp`) end by showing a value: their last statement is an expression that is not a call to
+   a test function (`test_eq`, `test_close`, ...), or the cell prints or displays something.
 
 Imports are read from the syntax tree, anywhere in the module (inside functions too): `from .x import ..`,
 `from bppo_kit.x import ..`, `from . import x`, `from bppo_kit import x`, `import bppo_kit.x`. Fix a finding in the
 notebook the module is exported from, then `nbdev-export`.
 
-`--cells` checks rule 6 alone, on a folder of notebooks. Rules 6 and 7 run when `nbs/` sits beside the package.
+`--cells` checks rule 6 alone, on a folder of notebooks. Rules 6, 7 and 9 run when `nbs/` sits beside the package.
 
 Usage: python tools/check_house.py [PACKAGE_DIR]   (default: bppo_kit/ of this checkout); exit 1 on any finding.
        python tools/check_house.py --cells [NBS_DIR]   (default: nbs/ of this checkout); exit 1 on any finding."""
@@ -29,6 +33,10 @@ MAX_LINES = 60
 WIDE, MAX_WIDE_SHARE = 110, 0.02
 MAX_CELL_LINES = 40
 MAX_MODULE_LINES = 700  # a module longer than this holds more than one lesson's idea
+MIN_SHOWN = 0.4  # the share of a lesson's check cells that end by showing a value
+SILENT = {"test_eq", "test_ne", "test_close", "test_is", "test_fail", "test_warns", "test_eq_type", "test_stdout",
+          "test_shuffled", "test_fig_exists", "test_sig", "test_all_close"}  # fastcore's tests return nothing
+SHOWS = {"print", "display", "show", "show_doc"}
 # the tokens that do not make a line a code line
 NOT_CODE = (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT,
             tokenize.ENDMARKER)
@@ -101,6 +109,29 @@ def long_export_cells(nbs_dir: Path) -> list[str]:
                 out.append(f"{rel(nb)}: cell {c.get('id')} is {n} lines (at most {MAX_CELL_LINES})")
     return out
 
+def shows_value(src: str) -> bool:
+    "Whether a check cell's source ends by showing a value, or prints or displays something"
+    code = "\n".join(s for s in src.splitlines() if not s.lstrip().startswith(("%", "!")))
+    try: body = ast.parse(code).body
+    except SyntaxError: return False
+    name = lambda f: f.id if isinstance(f, ast.Name) else getattr(f, "attr", "")
+    if body and isinstance(body[-1], ast.Expr):
+        last = body[-1].value
+        return not (isinstance(last, ast.Call) and name(last.func) in SILENT)
+    return any(isinstance(n, ast.Call) and name(n.func) in SHOWS for n in ast.walk(ast.Module(body, [])))
+
+def quiet_lessons(nbs_dir: Path) -> list[str]:
+    "`lesson: k of n check cells show a value` for each lesson under `MIN_SHOWN`"
+    out = []
+    for nb in sorted(nbs_dir.glob("[0-9]*.ipynb")):
+        checks = [src for c in json.loads(nb.read_text(encoding="utf-8"))["cells"] if c["cell_type"] == "code"
+                  and not re.search(r"^#\|\s*(export|exporti|exports|hide|default_exp)\b",
+                                    src := "".join(c["source"]), re.M)]
+        k = sum(map(shows_value, checks))
+        if checks and k < MIN_SHOWN * len(checks):
+            out.append(f"{rel(nb)}: {k} of {len(checks)} check cells show a value (at least {MIN_SHOWN:.0%})")
+    return out
+
 def lesson_numbers(nbs_dir: Path) -> dict[str, tuple[tuple[int, str], str]]:
     "Module name -> (lesson number, notebook name), from each lesson's `#| default_exp`; `08b` is (8, 'b'), after 08a"
     out = {}
@@ -142,6 +173,7 @@ def check(pkg_dir: Path) -> dict[str, list[str]]:
     if nbs_dir.is_dir():
         res[f"export cells over {MAX_CELL_LINES} lines"] = long_export_cells(nbs_dir)
         res["a lesson imports from a later lesson"] = later_imports(nbs_dir, pkg_dir)
+        res["lessons whose check cells show too little"] = quiet_lessons(nbs_dir)
     return res
 
 def cells_report(nbs_dir: Path) -> int:
