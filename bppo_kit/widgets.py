@@ -149,8 +149,11 @@ class Panel:
                  out: str | Path = "runs/panel"): # each run gets a folder under it
         self.cfg, self.out = get_config(preset, overrides=overrides), Path(out)
         self.runs: list[RunRecord] = []
-        self._n, self._stop, self._ui, self._drawn = 0, threading.Event(), None, 0.0
-        self.message = ""
+        self._n, self._stop, self._drawn = 0, threading.Event(), 0.0  # runs started; Stop's flag; last redraw
+        # the widgets by name once `widget()` builds them: box, controls (config key -> control), run, stop, clear,
+        # status, plot; None before (and where widgets cannot render)
+        self._ui: dict | None = None
+        self.message = ""  # the last refusal, shown under the status line
 
     def set(self, key: str, value):
         "Set config field `key` (checked); the matching control follows"
