@@ -5,18 +5,19 @@
 # %% ../nbs/14_bppo.ipynb #ae4e9e55
 from __future__ import annotations
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 import torch
 from fastcore.basics import patch
-from .config import Config, ConfigError
-from .core import Algorithm, Rollout, TrainItem, register
+from .config import Config, ConfigError, param
+from .core import Algorithm, Rollout, TrainItem, algo_settings, register
 from .data import Example
 from .grpo import group_advantages, zero_signal_frac
 from .verifier import score
 
 # %% auto #0
 __all__ = ['PREFIX_MODES', 'BUDGET_WINDOW', 'select_binary', 'prefix_lengths', 'scheduled_ratio', 'masked_group_advantages',
-           'pair_advantages', 'early_stop', 'early_stop_view', 'parity_factor', 'progress_budget', 'BPPO']
+           'pair_advantages', 'early_stop', 'early_stop_view', 'parity_factor', 'progress_budget', 'BPPOSettings',
+           'BPPO']
 
 # %% ../nbs/14_bppo.ipynb #360bee7a
 def select_binary(correct: torch.Tensor, # [B, G] bool
@@ -133,7 +134,7 @@ BUDGET_WINDOW = 5  # steps of correct response lengths that `progress_budget` lo
 def progress_budget(step: int, steps: int, # this step, and the run's length
                     correct_lengths: list[int], # the correct responses' lengths of the last steps
                     max_new: int, # the configured budget (`rollout.max_new_tokens`)
-                    # `algo.budget_explore`, `algo.budget_slack`
+                    # `algo.bppo.budget_explore`, `algo.bppo.budget_slack`
                     explore: float = 0.2, slack: float = 1.0) -> int:
     ("The step's generation budget: `max_new` while exploring, then ~ the recent correct lengths with "
      "shrinking headroom")
@@ -144,34 +145,59 @@ def progress_budget(step: int, steps: int, # this step, and the run's length
     b = math.ceil(q90 * (1.1 + slack * (1 - p)))
     return int(min(max_new, max(min(16, max_new), b)))
 
+# %% ../nbs/14_bppo.ipynb #b98fbb80
+@dataclass
+class BPPOSettings:
+    "BPPO's own settings (`algo.bppo.FIELD`): which prefixes train, how a representative counts, the budget"
+    # which prefix of each representative is trained
+    prefix_mode: str = param("pair_min", choices=["ratio", "pair_min", "tokens", "full"])
+    prefix_ratio: float = param(0.5, gt=0, le=1)  # "ratio" mode: share of each response trained at step 0
+    prefix_ratio_end: float = param(0.5, gt=0, le=1)  # ... growing linearly to this at the last step
+    prefix_tokens: int = param(64, ge=1)  # "tokens" mode: trained tokens per representative
+    # a representative stands for its class (x class size) or for itself
+    class_weight: str = param("class", choices=["class", "one"])
+    # binary = the two representatives; all = every completion, each cut like them (the "prefix only" ablation)
+    select: str = param("binary", choices=["binary", "all"])
+    # early_stop cancels a group's samples once both representatives are known
+    schedule: str = param("none", choices=["none", "early_stop"])
+    # "own" divides the pair's loss by its own prefix tokens; "grpo" by what GRPO would divide the same rollout by
+    # (every completion's tokens), so both methods train at the same gradient scale (issue 18)
+    loss_scale: str = param("own", choices=["own", "grpo"])
+    # the generation budget. fixed: rollout.max_new_tokens on every step; progress: the full budget while exploring
+    # (the first budget_explore of training), then ~ the recent correct responses' lengths, tightening
+    budget: str = param("fixed", choices=["fixed", "progress"])
+    budget_explore: float = param(0.2, ge=0, le=1)  # share of training at the full budget
+    budget_slack: float = param(1.0, ge=0)  # headroom over recent correct lengths as focusing starts (x1.1 at the end)
+
 # %% ../nbs/14_bppo.ipynb #6288972f
-@register("bppo")
+@register("bppo", settings=BPPOSettings)
 class BPPO(Algorithm):
     "Binary prefix selection over full-group normalization"
     def __init__(self, cfg: Config, policy=None):
         super().__init__(cfg, policy)
-        # lengths of the correct responses of the last steps (`algo.budget`)
+        # lengths of the correct responses of the last steps (`algo.bppo.budget`)
         self.recent: list[list[int]] = []
 
     @classmethod
     def check(cls, cfg: Config, caps=None):
-        if cfg.algo.schedule != "none" and caps is not None and not caps.cancels:
-            raise ConfigError(f"algo.schedule: {cfg.algo.schedule} cancels requests mid-generation, which "
+        schedule = algo_settings(cfg, "bppo").schedule
+        if schedule != "none" and caps is not None and not caps.cancels:
+            raise ConfigError(f"algo.bppo.schedule: {schedule} cancels requests mid-generation, which "
                               f"rollout.engine={cfg.rollout.engine} cannot (EngineCaps.cancels); use "
                               "rollout.engine=kit")
 
     def on_finish(self, examples: list[Example]):
-        "The engine's `on_finish` callback for `algo.schedule` (None for `none`)"
-        if self.cfg.algo.schedule == "none": return None
+        "The engine's `on_finish` callback for `algo.bppo.schedule` (None for `none`)"
+        if self.settings.schedule == "none": return None
         return early_stop(examples, self.cfg.rollout.group_size)
 
 # %% ../nbs/14_bppo.ipynb #e8865894
 @patch
 def _finish(self: BPPO, r: Rollout, items: list[TrainItem], ratio: float) -> tuple[list[TrainItem], dict]:
-    "`items` and their metrics; with `algo.loss_scale=grpo` the advantages x `parity_factor` (logged too)"
+    "`items` and their metrics; with `algo.bppo.loss_scale=grpo` the advantages x `parity_factor` (logged too)"
     m = dict(frac_zero_std_groups=zero_signal_frac(r.rewards), selected_sequences=len(items),
              prefix_tokens=sum(it.end for it in items), prefix_ratio=ratio)
-    if self.cfg.algo.loss_scale == "grpo" and items:
+    if self.settings.loss_scale == "grpo" and items:
         f = m["parity_factor"] = parity_factor(items, r, self.cfg.algo.reduction)
         items = [replace(it, advantage=it.advantage * f) for it in items]
     return items, m
@@ -182,7 +208,7 @@ def _prefix_only(self: BPPO, r: Rollout, sel: torch.Tensor, keep: torch.Tensor,
                  ratio: float) -> tuple[list[TrainItem], dict]:
     ("The 'prefix only' ablation: every completion trained (GRPO's advantages), each cut like the "
      "representatives")
-    a, G = self.cfg.algo, r.rewards.shape[1]
+    a, G = self.settings, r.rewards.shape[1]
     adv = group_advantages(r.rewards) if r.valid is None else masked_group_advantages(r.rewards, r.valid)
     items = []
     for b in range(sel.shape[0]):
@@ -201,21 +227,21 @@ def _prefix_only(self: BPPO, r: Rollout, sel: torch.Tensor, keep: torch.Tensor,
 @patch
 def remember(self: BPPO, r: Rollout):
     "Keep the step's correct response lengths for `budget` (the last `BUDGET_WINDOW` steps)"
-    if self.cfg.algo.budget == "fixed": return
+    if self.settings.budget == "fixed": return
     self.recent = (self.recent + [r.lengths[r.correct].tolist()])[-BUDGET_WINDOW:]
 
 @patch
 def budget(self: BPPO, step: int) -> int | None:
-    ("`algo.budget=progress`: the step's max_new_tokens (`progress_budget`); None (the config's) "
+    ("`algo.bppo.budget=progress`: the step's max_new_tokens (`progress_budget`); None (the config's) "
      "for `fixed`")
-    a = self.cfg.algo
+    a = self.settings
     if a.budget == "fixed": return None
     return progress_budget(step, self.cfg.train.steps, [n for s in self.recent for n in s],
                            self.cfg.rollout.max_new_tokens, a.budget_explore, a.budget_slack)
 
 @patch
 def state_dict(self: BPPO) -> dict | None:
-    return dict(recent=self.recent) if self.cfg.algo.budget != "fixed" else None
+    return dict(recent=self.recent) if self.settings.budget != "fixed" else None
 
 @patch
 def load_state_dict(self: BPPO, state: dict): self.recent = [list(x) for x in state.get("recent", [])]
@@ -224,7 +250,7 @@ def load_state_dict(self: BPPO, state: dict): self.recent = [list(x) for x in st
 @patch
 def prepare(self: BPPO, r: Rollout, step: int = 0) -> tuple[list[TrainItem], dict]:
     "Train items (two per mixed group, prefixes only) and metrics for a scored rollout"
-    a = self.cfg.algo
+    a = self.settings
     G = r.rewards.shape[1]
     # never pick a cancelled one
     lengths = r.lengths if r.valid is None else r.lengths.masked_fill(~r.valid, 2**62)

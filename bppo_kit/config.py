@@ -4,15 +4,15 @@
 
 # %% ../nbs/00_config.ipynb #e45e1cd1
 from __future__ import annotations
-import difflib, importlib.util, math, os
+import difflib, importlib.util, math, os, warnings
 from dataclasses import dataclass, field, fields, asdict
 from pathlib import Path
 import yaml
 
 # %% auto #0
-__all__ = ['PRESETS', 'param', 'ModelConfig', 'DataConfig', 'RolloutConfig', 'AlgoConfig', 'TrainConfig', 'SFTConfig', 'Config',
-           'ConfigError', 'check_value', 'validate', 'set_value', 'apply_overrides', 'to_dict', 'from_dict',
-           'save_config', 'load_config', 'get_config', 'data_dir', 'shared_data_dir']
+__all__ = ['MOVED', 'PRESETS', 'param', 'ModelConfig', 'DataConfig', 'RolloutConfig', 'AlgoConfig', 'moved_to', 'TrainConfig',
+           'SFTConfig', 'Config', 'ConfigError', 'check_value', 'validate', 'set_value', 'apply_overrides', 'to_dict',
+           'from_dict', 'save_config', 'load_config', 'get_config', 'data_dir', 'shared_data_dir']
 
 # %% ../nbs/00_config.ipynb #830162a0
 def param(default, # the field's default value
@@ -80,8 +80,8 @@ class RolloutConfig:
 
 # %% ../nbs/00_config.ipynb #3591f816
 @dataclass
-class _LossFields:
-    # the algorithm the trainer plugs in: grpo, bppo, tppo, ppo, or one you register (core lesson)
+class AlgoConfig:
+    # the algorithm the trainer plugs in: grpo, bppo, tppo, ppo, the family's, or one you register (core lesson)
     name: str = "grpo"
     eps_low: float = param(0.2, gt=0, lt=1)  # lower clip of the ratio, 1 - eps_low
     eps_high: float = param(0.28, gt=0)  # upper clip, 1 + eps_high (DAPO's clip-higher)
@@ -91,90 +91,40 @@ class _LossFields:
     kl_bias_correction: bool = False
     # token mean (DAPO), seq mean (GRPO), constant (Dr. GRPO)
     reduction: str = param("token", choices=["token", "seq", "constant"])
-    # GRPO: advantages over the group's std (GRPO), the batch's, or unscaled (Dr. GRPO)
+    # group advantages: over the group's std (GRPO), the batch's, or unscaled (Dr. GRPO)
     adv_scale: str = param("group", choices=["group", "batch", "none"])
-    # GRPO: the std the advantages are divided by: population (n) or bessel (n - 1, TRL's GRPOTrainer)
+    # the std the advantages are divided by: population (n) or bessel (n - 1, TRL's GRPOTrainer)
     adv_std: str = param("population", choices=["population", "bessel"])
-    # GRPO: added to that std (TRL: 1e-4); a group whose std is at most this gets advantage 0
+    # added to that std (TRL: 1e-4); a group whose std is at most this gets advantage 0
     adv_eps: float = param(1e-6, gt=0)
-
-# %% ../nbs/00_config.ipynb #b512aa85
-@dataclass
-class _BPPOFields(_LossFields):
-    # BPPO: which prefix of each representative is trained
-    prefix_mode: str = param("pair_min", choices=["ratio", "pair_min", "tokens", "full"])
-    # BPPO "ratio" mode: share of each response trained at step 0
-    prefix_ratio: float = param(0.5, gt=0, le=1)
-    prefix_ratio_end: float = param(0.5, gt=0, le=1)  # ... growing linearly to this at the last step
-    prefix_tokens: int = param(64, ge=1)  # BPPO "tokens" mode: trained tokens per representative
-    # BPPO: a representative stands for its class (x class size) or for itself
-    class_weight: str = param("class", choices=["class", "one"])
-    # BPPO: binary = the two representatives; all = every completion, each cut like them (the "prefix only" ablation)
-    select: str = param("binary", choices=["binary", "all"])
-    # GRPO/BPPO: rounds of swapping zero-signal groups (all rewards equal) for fresh prompts' groups
+    # rounds of swapping zero-signal groups (all rewards equal) for fresh prompts' groups
     resample: int = param(0, ge=0)
-    # BPPO: early_stop cancels a group's samples once both representatives are known
-    schedule: str = param("none", choices=["none", "early_stop"])
-    # BPPO: "own" divides the pair's loss by its own prefix tokens; "grpo" by what GRPO would divide the same rollout
-    # by (every completion's tokens), so both methods train at the same gradient scale (issue 18)
-    loss_scale: str = param("own", choices=["own", "grpo"])
-    # BPPO: the generation budget. fixed: rollout.max_new_tokens on every step; progress: the full budget while
-    # exploring (the first budget_explore of training), then ~ the recent correct responses' lengths, tightening
-    budget: str = param("fixed", choices=["fixed", "progress"])
-    budget_explore: float = param(0.2, ge=0, le=1)  # share of training at the full budget
-    # headroom over recent correct lengths as focusing starts (x1.1 at the end)
-    budget_slack: float = param(1.0, ge=0)
-
-# %% ../nbs/00_config.ipynb #d09740e2
-@dataclass
-class _TPPOFields(_BPPOFields):
-    gamma: float = param(1.0, gt=0, le=1)  # T-PPO/PPO: discount
-    lam: float = param(0.95, ge=0, le=1)  # T-PPO/PPO: GAE lambda (the floor when lam_alpha > 0)
-    # T-PPO: length-adaptive lambda max(lam, 1 - 1/(alpha*L)); 0 = fixed lam
-    lam_alpha: float = param(0.0, ge=0)
-    dual_clip: float = param(10.0, ge=0)  # T-PPO/PPO: dual-clip constant for negative advantages; 0 = off
-    # T-PPO: last tokens of an unfinished window left out of the policy loss
-    exclude_last: int = param(8, ge=0)
-    adv_clamp: float = param(5.0, gt=0)  # T-PPO/PPO: whitened advantages clamped to +-this
-    value_lr: float = param(5e-4, gt=0)  # T-PPO/PPO: the value model's AdamW learning rate
-    value_warmup: int = param(0, ge=0)  # T-PPO/PPO: the first steps train only the critic (no policy update)
-    # T-PPO/PPO: weight of the NLL of every token of finished correct responses, added to the policy loss (the recipe's
-    # positive-example LM loss: 0.1)
-    lm_loss_weight: float = param(0.0, ge=0)
-    # T-PPO/PPO: generate a window for `oversample` x the batch, then train a batch's worth: groups whose finished
-    # members scored differently first, then groups with unfinished members, then uniform groups (the recipe's
-    # prioritized subset); unfinished entries left out wait in the pool, finished ones are dropped. 1 = train all
-    oversample: float = param(1.0, ge=1)
-    # T-PPO: the last `exclude_last` tokens of an unfinished window: defer = trained a step later (carried);
-    # mask = zero advantage, never trained (the recipe)
-    filter_mode: str = param("defer", choices=["defer", "mask"])
-    # T-PPO/PPO advantage whitening: all = one mean and std over every trained token (the recipe); split = finished
-    # and unfinished rows each over their own; scale = divided by the std, not centered
-    whiten: str = param("all", choices=["all", "split", "scale"])
-
-# %% ../nbs/00_config.ipynb #f4163c59
-@dataclass
-class AlgoConfig(_TPPOFields):
-    # the settings of an algorithm you register with its own dataclass, by the algorithm's name: `--set
-    # algo.NAME.FIELD=value` (the core lesson); checked against that dataclass when the run starts
-    settings: dict = field(default_factory=dict)
-    value_epochs: int = param(1, ge=1)  # T-PPO/PPO: critic optimizer steps on each step's finished responses
-    # T-PPO/PPO: mixed = a group whose finished responses all scored the same (at least filter_min of them) trains
-    # no policy tokens: unfinished members wait, untrained, for a different score; finished ones are left out
-    group_filter: str = param("none", choices=["none", "mixed"])
-    filter_min: int = param(2, ge=1)  # T-PPO/PPO: finished members before group_filter judges a group
-    value_clip_low: float = param(0.5, gt=0)  # value loss clipped to [V_old - low, V_old + high]
-    value_clip_high: float = param(0.6, gt=0)
     # truncated importance sampling: tokens weighted min(p_trainer / p_engine, tis_cap) where the engine's numerics
     # differ from the trainer's (vLLM, or a compute dtype below float32); 0 = off
     tis_cap: float = param(2.0, ge=0)
-    # the subset family (lesson 15): completions trained per group. cppo: the largest |advantage|; pods: the subset of
-    # largest reward variance; gfpo: by `gfpo_rule`
-    keep: int = param(2, ge=1)
-    # GFPO: which `keep` completions train: the shortest, or the most token-efficient (reward per token)
-    gfpo_rule: str = param("shortest", choices=["shortest", "efficiency"])
-    # NAT: share of each completion's tokens, drawn at random, that carry the policy loss (reweighted by 1 / share)
-    token_frac: float = param(0.5, gt=0, le=1)
+    # each algorithm's own settings, by its name: `--set algo.NAME.FIELD=value`; checked against the dataclass the
+    # algorithm registers when the run starts (the core lesson)
+    settings: dict = field(default_factory=dict)
+
+# %% ../nbs/00_config.ipynb #b512aa85
+_BPPO, _PPO = ("bppo",), ("tppo", "ppo")  # T-PPO and PPO share one settings dataclass
+MOVED = {  # old `algo.X` -> (the algorithms that own X now, X's default before)
+    **{k: (_BPPO, v) for k, v in dict(prefix_mode="pair_min", prefix_ratio=0.5, prefix_ratio_end=0.5,
+                                      prefix_tokens=64, class_weight="class", select="binary", schedule="none",
+                                      loss_scale="own", budget="fixed", budget_explore=0.2,
+                                      budget_slack=1.0).items()},
+    **{k: (_PPO, v) for k, v in dict(gamma=1.0, lam=0.95, lam_alpha=0.0, dual_clip=10.0, exclude_last=8,
+                                     adv_clamp=5.0, value_lr=5e-4, value_warmup=0, lm_loss_weight=0.0,
+                                     oversample=1.0, filter_mode="defer", whiten="all", value_epochs=1,
+                                     group_filter="none", filter_min=2, value_clip_low=0.5,
+                                     value_clip_high=0.6).items()},
+    "keep": (("cppo", "pods", "gfpo"), 2), "gfpo_rule": (("gfpo",), "shortest"),
+    "token_frac": (("nat", "nat_rpc"), 0.5)}
+
+def moved_to(key: str, algo: str) -> str:
+    "The algorithm whose settings an old `algo.KEY` sets: the run's `algo` if it owns KEY, else the first owner"
+    owners = MOVED[key][0]
+    return algo if algo in owners else owners[0]
 
 # %% ../nbs/00_config.ipynb #73afd152
 @dataclass
@@ -276,12 +226,12 @@ def check_value(name: str, # the dotted key, for the message
 # %% ../nbs/00_config.ipynb #b01999db
 def validate(cfg: Config) -> Config:
     "Check every field of `cfg` against its type and range; raise `ConfigError` naming the first bad one"
+    for k, v in cfg.algo.__dict__.pop("_moved", {}).items():  # old `algo.X` keys, now that `algo.name` is final
+        cfg.algo.settings.setdefault(moved_to(k, cfg.algo.name), {})[k] = v
     for sec in fields(cfg):
         part = getattr(cfg, sec.name)
         for f in fields(part):
             setattr(part, f.name, check_value(f"{sec.name}.{f.name}", f, getattr(part, f.name)))
-    if cfg.algo.dual_clip and cfg.algo.dual_clip <= 1:
-        raise ConfigError(f"algo.dual_clip: must be > 1 or 0 (off), got {cfg.algo.dual_clip}")
     if cfg.train.loss_kernel != "naive" and cfg.algo.beta > 0:
         raise ConfigError("train.loss_kernel: the fused kernels take no KL term; "
                           "use train.loss_kernel=naive with algo.beta > 0")
@@ -300,6 +250,11 @@ def set_value(cfg: Config, key: str, value) -> Config:
     "Set the dotted field `key` (e.g. 'rollout.temperature') of `cfg` to `value`, checked"
     parts = key.split(".")
     names = [f"{s.name}.{f.name}" for s in fields(cfg) for f in fields(getattr(cfg, s.name))]
+    if len(parts) == 2 and parts[0] == "algo" and parts[1] in MOVED:  # an old key: its algorithm's (`validate`)
+        warnings.warn(f"{key} is now algo.NAME.{parts[1]}, the own setting of {' and '.join(MOVED[parts[1]][0])}; "
+                      "the old key still works", FutureWarning, stacklevel=3)
+        cfg.algo.__dict__.setdefault("_moved", {})[parts[1]] = value
+        return cfg
     if len(parts) == 3 and parts[0] == "algo" and f"algo.{parts[1]}" not in names and parts[1] and parts[2]:
         # `algo.NAME.FIELD`: a registered algorithm's own setting, checked by its dataclass when the run starts
         cfg.algo.settings.setdefault(parts[1], {})[parts[2]] = value
@@ -333,7 +288,9 @@ def from_dict(d: dict, base: Config | None = None) -> Config:
     cfg = base if base is not None else Config()
     for sec, vals in (d or {}).items():
         if not isinstance(vals, dict): raise ConfigError(f"section {sec!r} must be a mapping, got {vals!r}")
-        for k, v in vals.items(): set_value(cfg, f"{sec}.{k}", v)
+        for k, v in vals.items():
+            if not (sec == "algo" and k in MOVED and v == MOVED[k][1]):  # an old config's key at its default
+                set_value(cfg, f"{sec}.{k}", v)
     return validate(cfg)
 
 def save_config(cfg: Config, path) -> Path:

@@ -6,6 +6,7 @@
 from __future__ import annotations
 import warnings
 from dataclasses import dataclass, field, fields, is_dataclass
+from functools import cached_property
 import torch
 from fastcore.basics import patch
 from .config import Config, ConfigError, check_value
@@ -143,11 +144,12 @@ class Algorithm:
     "What the training loop asks of an algorithm; the defaults fit group algorithms (they write `prepare`)"
     def __init__(self, cfg: Config, # the run's validated config
                  policy=None): # the model being trained (T-PPO copies it for its value model)
-        self.cfg, self.name = cfg, cfg.algo.name
+        names = vars(type(self)).get("names", ())  # the names `register` gave this class
+        self.cfg, self.name = cfg, cfg.algo.name if cfg.algo.name in names or not names else names[0]
 
-    @property
+    @cached_property
     def settings(self):
-        "This algorithm's own settings: its registered dataclass, filled from `algo.NAME.FIELD` (or None)"
+        "This algorithm's own settings: its registered dataclass from `algo.NAME.FIELD` (or None); built once"
         return algo_settings(self.cfg, self.name)
 
     @classmethod
@@ -222,7 +224,7 @@ def register(name: str, # the `algo.name` that selects the class
         raise TypeError(f"register({name!r}, settings=...) takes a dataclass, got {settings!r}")
     put = _registrar(ALGORITHMS, Algorithm, "algorithm", name, "register")
     def deco(cls):
-        put(cls)
+        put(cls).names = (*vars(cls).get("names", ()), name)
         if settings is None: SETTINGS.pop(name, None)
         else: SETTINGS[name] = settings
         return cls
