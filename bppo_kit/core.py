@@ -14,7 +14,7 @@ from .data import Example
 
 # %% auto #0
 __all__ = ['ALGORITHMS', 'SETTINGS', 'ENGINES', 'SamplingParams', 'Completion', 'Request', 'Rollout', 'TrainItem', 'masked_mean',
-           'clipped_surrogate', 'k3_kl', 'entropy_from_logits', 'token_weights', 'Algorithm', 'register',
+           'clipped_surrogate', 'k3_kl', 'entropy_from_logits', 'token_weights', 'own_name', 'Algorithm', 'register',
            'algorithm_names', 'algorithm_class', 'make_algorithm', 'algo_settings', 'check_settings', 'EngineCaps',
            'EngineMemory', 'Engine', 'register_engine']
 
@@ -139,13 +139,18 @@ def token_weights(mask: torch.Tensor, # [B, T] trained tokens of (a micro-batch 
     if reduction == "constant": return m / (max(n_seqs, 1) * max_len)
     raise ValueError(f"reduction must be 'token', 'seq' or 'constant', got {reduction!r}")
 
+# %% ../nbs/02_core.ipynb #5e06a6f9
+def own_name(cls: type, name: str) -> str:
+    "The name algorithm class `cls` answers to in a run of `algo.name=name`: it, if `register` gave it, else the first"
+    names = vars(cls).get("names", ())
+    return name if name in names or not names else names[0]
+
 # %% ../nbs/02_core.ipynb #c5a1f59f
 class Algorithm:
     "What the training loop asks of an algorithm; the defaults fit group algorithms (they write `prepare`)"
     def __init__(self, cfg: Config, # the run's validated config
                  policy=None): # the model being trained (T-PPO copies it for its value model)
-        names = vars(type(self)).get("names", ())  # the names `register` gave this class
-        self.cfg, self.name = cfg, cfg.algo.name if cfg.algo.name in names or not names else names[0]
+        self.cfg, self.name = cfg, own_name(type(self), cfg.algo.name)  # whose settings it reads
 
     @cached_property
     def settings(self):

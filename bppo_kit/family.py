@@ -5,14 +5,15 @@
 # %% ../nbs/15_family.ipynb #6a722cf2
 from __future__ import annotations
 import torch
-from .config import Config, ConfigError
-from .core import Algorithm, Rollout, TrainItem, register
+from dataclasses import dataclass
+from .config import Config, ConfigError, param
+from .core import Algorithm, Rollout, TrainItem, algo_settings, own_name, register
 from .bppo import masked_group_advantages
 from .grpo import group_advantages, zero_signal_frac
 
 # %% auto #0
 __all__ = ['GFPO_RULES', 'subset_items', 'cppo_keep', 'max_variance_subset', 'gfpo_keep', 'token_subset', 'prefix_cut',
-           'SubsetAlgorithm', 'CPPO', 'PODS', 'GFPO', 'NAT', 'NATPrefix']
+           'KeepSettings', 'GFPOSettings', 'NATSettings', 'SubsetAlgorithm', 'CPPO', 'PODS', 'GFPO', 'NAT', 'NATPrefix']
 
 # %% ../nbs/15_family.ipynb #9037a139
 def subset_items(r: Rollout, # a scored rollout of B groups of G
@@ -95,44 +96,62 @@ def prefix_cut(n: int, # the completion's tokens
     return torch.where(t < u, 1 / p.clamp(min=1e-12), torch.zeros(n))
 
 # %% ../nbs/15_family.ipynb #59357455
+@dataclass
+class KeepSettings:
+    "CPPO's and PODS's own settings: completions trained per group (`algo.cppo.keep`, `algo.pods.keep`)"
+    keep: int = param(2, ge=1)  # CPPO: on average over the batch; PODS: in every group
+
+@dataclass
+class GFPOSettings(KeepSettings):
+    "GFPO's own settings (`algo.gfpo.FIELD`)"
+    # which `keep` completions train: the shortest, or the most token-efficient (reward per token)
+    gfpo_rule: str = param("shortest", choices=["shortest", "efficiency"])
+
+@dataclass
+class NATSettings:
+    "NAT's own settings (`algo.nat.token_frac`, `algo.nat_rpc.token_frac`)"
+    # share of each completion's tokens, drawn at random, that carry the policy loss (reweighted by 1 / share)
+    token_frac: float = param(0.5, gt=0, le=1)
+
 class SubsetAlgorithm(Algorithm):
-    "A group method that trains some completions of each group: `algo.keep` must fit in the group"
+    "A group method that trains some completions of each group: its `keep` must fit in the group"
     @classmethod
-    def check(cls, cfg: Config):
-        if cfg.algo.keep > cfg.rollout.group_size:
-            raise ConfigError(f"algo.keep: {cfg.algo.name} keeps at most rollout.group_size="
-                              f"{cfg.rollout.group_size} completions per group, got {cfg.algo.keep}")
+    def check(cls, cfg: Config, caps=None):
+        name = own_name(cls, cfg.algo.name)
+        if (keep := algo_settings(cfg, name).keep) > cfg.rollout.group_size:
+            raise ConfigError(f"algo.{name}.keep: {name} keeps at most rollout.group_size="
+                              f"{cfg.rollout.group_size} completions per group, got {keep}")
 
 # %% ../nbs/15_family.ipynb #4eaebefe
-@register("cppo")
+@register("cppo", settings=KeepSettings)
 class CPPO(SubsetAlgorithm):
     "GRPO's advantages over the full group; only the completions of largest |advantage| in the batch train"
     def prepare(self, r: Rollout, step: int = 0) -> tuple[list[TrainItem], dict]:
         a = self.cfg.algo
         adv = group_advantages(r.rewards, a.adv_scale, a.adv_eps, std=a.adv_std)
-        return subset_items(r, cppo_keep(adv, a.keep), adv)
+        return subset_items(r, cppo_keep(adv, self.settings.keep), adv)
 
 # %% ../nbs/15_family.ipynb #cbdb86b5
-@register("pods")
+@register("pods", settings=KeepSettings)
 class PODS(SubsetAlgorithm):
-    "Per group, the `algo.keep` completions of largest reward variance, advantages normalized over them"
+    "Per group, the `keep` completions of largest reward variance, advantages normalized over them"
     def prepare(self, r: Rollout, step: int = 0) -> tuple[list[TrainItem], dict]:
-        keep = max_variance_subset(r.rewards, self.cfg.algo.keep)
+        keep = max_variance_subset(r.rewards, self.settings.keep)
         return subset_items(r, keep, masked_group_advantages(r.rewards, keep))
 
 # %% ../nbs/15_family.ipynb #50731170
-@register("gfpo")
+@register("gfpo", settings=GFPOSettings)
 class GFPO(SubsetAlgorithm):
-    ("Per group, the `algo.keep` shortest (or most token-efficient) completions, advantages normalized "
+    ("Per group, the `keep` shortest (or most token-efficient) completions, advantages normalized "
      "over them")
     def prepare(self, r: Rollout, step: int = 0) -> tuple[list[TrainItem], dict]:
-        keep = gfpo_keep(r.rewards, r.lengths, self.cfg.algo.keep, self.cfg.algo.gfpo_rule)
+        keep = gfpo_keep(r.rewards, r.lengths, self.settings.keep, self.settings.gfpo_rule)
         return subset_items(r, keep, masked_group_advantages(r.rewards, keep))
 
 # %% ../nbs/15_family.ipynb #4c487567
-@register("nat")
+@register("nat", settings=NATSettings)
 class NAT(Algorithm):
-    ("Every completion with GRPO's advantage, on a random `algo.token_frac` of its tokens, reweighted by 1 / "
+    ("Every completion with GRPO's advantage, on a random `token_frac` of its tokens, reweighted by 1 / "
      "token_frac")
     draw = staticmethod(token_subset)  # which tokens train: uniform random sampling
     def prepare(self, r: Rollout, step: int = 0) -> tuple[list[TrainItem], dict]:
@@ -140,7 +159,7 @@ class NAT(Algorithm):
         gen = torch.Generator().manual_seed(self.cfg.train.seed * 100_003 + step)
         adv, items = group_advantages(r.rewards, a.adv_scale, a.adv_eps, std=a.adv_std).flatten().tolist(), []
         for c, g in zip(r.completions, adv):
-            w = self.draw(c.n_tokens, a.token_frac, gen)
+            w = self.draw(c.n_tokens, self.settings.token_frac, gen)
             end = int(w.nonzero().max()) + 1 if w.any() else 0
             if g == 0.0 or end == 0: continue
             items.append(TrainItem(c.prompt_ids, c.completion_ids, g, end, token_adv=(w[:end] * g).tolist(),
@@ -148,7 +167,7 @@ class NAT(Algorithm):
         return items, dict(frac_zero_std_groups=zero_signal_frac(r.rewards), selected_sequences=len(items),
                            kept_tokens=sum(int((torch.tensor(it.token_adv) != 0).sum()) for it in items))
 
-@register("nat_rpc")
+@register("nat_rpc", settings=NATSettings)
 class NATPrefix(NAT):
     "NAT's random prefix cutting: a random prefix of every completion, each token reweighted by 1 / P(kept)"
     draw = staticmethod(prefix_cut)
