@@ -727,6 +727,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                'bppo_kit.tppo.TPPO.load_state_dict': ('tppo.html#tppo.load_state_dict', 'bppo_kit/tppo.py'),
                                'bppo_kit.tppo.TPPO.state_dict': ('tppo.html#tppo.state_dict', 'bppo_kit/tppo.py'),
                                'bppo_kit.tppo.TPPO.surrogate': ('tppo.html#tppo.surrogate', 'bppo_kit/tppo.py'),
+                               'bppo_kit.tppo.TPPOSettings': ('tppo.html#tpposettings', 'bppo_kit/tppo.py'),
                                'bppo_kit.tppo.ValueHead': ('tppo.html#valuehead', 'bppo_kit/tppo.py'),
                                'bppo_kit.tppo.ValueHead.__init__': ('tppo.html#valuehead.__init__', 'bppo_kit/tppo.py'),
                                'bppo_kit.tppo.ValueHead.forward': ('tppo.html#valuehead.forward', 'bppo_kit/tppo.py'),

@@ -5,20 +5,52 @@
 # %% ../nbs/18_tppo.ipynb #fcab523a
 from __future__ import annotations
 import copy
-from dataclasses import replace
+from dataclasses import dataclass, replace
 import torch
 import torch.nn as nn
 from fastcore.basics import patch
 from .batching import Entry, SamplePool
-from .config import Config, ConfigError
-from .core import Algorithm, Completion, Request, TrainItem, register
+from .config import Config, ConfigError, param
+from .core import Algorithm, Completion, Request, TrainItem, algo_settings, own_name, register
 from .distributed import Dist, reduce_metrics
 from .egae import (adaptive_lambda, dual_clip_surrogate, egae, explained_variance, mc_returns,
                            terminal_rewards, tppo_token_mask, value_loss, whiten_clamp)
 from .policy import pack
 
 # %% auto #0
-__all__ = ['ValueHead', 'ValueModel', 'whiten', 'window_advantages', 'group_priority', 'select_subset', 'TPPO']
+__all__ = ['TPPOSettings', 'ValueHead', 'ValueModel', 'whiten', 'window_advantages', 'group_priority', 'select_subset', 'TPPO']
+
+# %% ../nbs/18_tppo.ipynb #629f9977
+@dataclass
+class TPPOSettings:
+    "T-PPO's and PPO's own settings (`algo.tppo.FIELD`, `algo.ppo.FIELD`): GAE, the critic, the window's filter"
+    gamma: float = param(1.0, gt=0, le=1)  # discount
+    lam: float = param(0.95, ge=0, le=1)  # GAE lambda (the floor when lam_alpha > 0)
+    lam_alpha: float = param(0.0, ge=0)  # T-PPO: length-adaptive lambda max(lam, 1 - 1/(alpha*L)); 0 = fixed lam
+    dual_clip: float = param(10.0, ge=0)  # dual-clip constant for negative advantages (> 1); 0 = off
+    exclude_last: int = param(8, ge=0)  # T-PPO: last tokens of an unfinished window left out of the policy loss
+    adv_clamp: float = param(5.0, gt=0)  # whitened advantages clamped to +-this
+    value_lr: float = param(5e-4, gt=0)  # the value model's AdamW learning rate
+    value_warmup: int = param(0, ge=0)  # the first steps train only the critic (no policy update)
+    # weight of the NLL of every token of finished correct responses, added to the policy loss (the recipe's 0.1)
+    lm_loss_weight: float = param(0.0, ge=0)
+    # generate a window for `oversample` x the batch, then train a batch's worth: groups whose finished members
+    # scored differently first, then groups with unfinished members, then uniform groups (the recipe's prioritized
+    # subset); unfinished entries left out wait in the pool, finished ones are dropped. 1 = train all
+    oversample: float = param(1.0, ge=1)
+    # T-PPO: the last `exclude_last` tokens of an unfinished window: defer = trained a step later (carried);
+    # mask = zero advantage, never trained (the recipe)
+    filter_mode: str = param("defer", choices=["defer", "mask"])
+    # advantage whitening: all = one mean and std over every trained token (the recipe); split = finished and
+    # unfinished rows each over their own; scale = divided by the std, not centered
+    whiten: str = param("all", choices=["all", "split", "scale"])
+    value_epochs: int = param(1, ge=1)  # critic optimizer steps on each step's finished responses
+    # mixed = a group whose finished responses all scored the same (at least filter_min of them) trains no policy
+    # tokens: unfinished members wait, untrained, for a different score; finished ones are left out
+    group_filter: str = param("none", choices=["none", "mixed"])
+    filter_min: int = param(2, ge=1)  # finished members before group_filter judges a group
+    value_clip_low: float = param(0.5, gt=0)  # value loss clipped to [V_old - low, V_old + high]
+    value_clip_high: float = param(0.6, gt=0)
 
 # %% ../nbs/18_tppo.ipynb #ec5fe8a6
 class ValueHead(nn.Module):
@@ -50,7 +82,7 @@ class ValueModel(nn.Module):
 def whiten(adv: torch.Tensor, # [N, T] advantages
            mask: torch.Tensor, # [N, T] bool, the tokens that train
            finished: torch.Tensor, # [N] bool
-           how: str = "all", # all | split | scale (`algo.whiten`)
+           how: str = "all", # all | split | scale (`algo.tppo.whiten`)
            clamp: float = 5.0) -> torch.Tensor:
     ("Advantages [N, T] whitened as `how` says: one mean and std (all), rows by kind (split), no "
      "centering (scale)")
@@ -66,13 +98,13 @@ def window_advantages(values: torch.Tensor, # [N, C] V(s_t) over every token gen
                       lengths: list[int], # tokens each response has now
                       reward: torch.Tensor, # [N] the score of finished responses (0 for unfinished)
                       finished: torch.Tensor, # [N] bool
-                      cfg: Config,
+                      s: TPPOSettings, # T-PPO's (or PPO's) settings: gamma, lambda, the filter, whitening
                       # [N] bool: rows left out of this update (filter, subset)
                       drop: torch.Tensor | None = None,
                       ) -> tuple[torch.Tensor, torch.Tensor]:
     ("EGAE advantages [N, T] of this window's tokens, whitened and clamped, and the mask [N, T] of tokens "
      "that train")
-    a = cfg.algo
+    a = s
     n = torch.tensor([L - s for L, s in zip(lengths, starts)])
     T = max(1, int(n.max()))
     mask = torch.arange(T)[None] < n[:, None]
@@ -103,8 +135,8 @@ def select_subset(groups: list[int], # each entry's group
     return out
 
 # %% ../nbs/18_tppo.ipynb #7ce5eccb
-@register("ppo")
-@register("tppo")
+@register("ppo", settings=TPPOSettings)
+@register("tppo", settings=TPPOSettings)
 class TPPO(Algorithm):
     "T-PPO (`window` > 0) and PPO (`window` = 0): sample pool, EGAE, dual-clip policy loss, a value model"
     # the metrics that are counts: summed over processes (the others are averaged)
@@ -118,6 +150,9 @@ class TPPO(Algorithm):
                               f"{cfg.rollout.engine!r} lacks (EngineCaps.windows); use rollout.engine=kit")
         if cfg.algo.name == "tppo" and cfg.rollout.window < 1:
             raise ConfigError("rollout.window: T-PPO needs a window >= 1 (tokens per step)")
+        name = own_name(cls, cfg.algo.name)
+        if (c := algo_settings(cfg, name).dual_clip) and c <= 1:
+            raise ConfigError(f"algo.{name}.dual_clip: must be > 1 or 0 (off), got {c}")
         if cfg.train.loss_kernel != "naive":
             raise ConfigError("train.loss_kernel: T-PPO/PPO train per-token advantages; use "
                               "train.loss_kernel=naive")
@@ -128,7 +163,7 @@ class TPPO(Algorithm):
         self.window = cfg.rollout.window if cfg.algo.name == "tppo" else 0
         self.pool = SamplePool(cfg.rollout.group_size)
         self.value = ValueModel(policy) if policy is not None else None
-        self.vopt = (torch.optim.AdamW(self.value.parameters(), lr=cfg.algo.value_lr, betas=(0.9, 0.99),
+        self.vopt = (torch.optim.AdamW(self.value.parameters(), lr=self.settings.value_lr, betas=(0.9, 0.99),
                                        weight_decay=0.0) if self.value else None)
         # (entries, rewards, old values) of the responses that finished this step, for the critic
         self._finished = None
@@ -141,8 +176,8 @@ class TPPO(Algorithm):
         return self.cfg.train.prompts_per_step // self.dist.world * self.cfg.rollout.group_size
 
     def draw_size(self) -> int:
-        "The entries a step generates a window for: `algo.oversample` batches"
-        return max(self.batch_size(), round(self.cfg.algo.oversample * self.batch_size()))
+        "The entries a step generates a window for: `algo.tppo.oversample` batches"
+        return max(self.batch_size(), round(self.settings.oversample * self.batch_size()))
 
 # %% ../nbs/18_tppo.ipynb #75c61391
 @patch
@@ -239,8 +274,8 @@ def _settle(self: TPPO, entries: list[Entry]):
 # %% ../nbs/18_tppo.ipynb #eba9eeeb
 @patch
 def _group_filter(self: TPPO, entries: list[Entry]) -> torch.Tensor:
-    "Bool [N]: entries whose group the filter (`algo.group_filter`) judges uniform now"
-    a, drop = self.cfg.algo, torch.zeros(len(entries), dtype=torch.bool)
+    "Bool [N]: entries whose group the filter (`algo.tppo.group_filter`) judges uniform now"
+    a, drop = self.settings, torch.zeros(len(entries), dtype=torch.bool)
     if a.group_filter == "none": return drop
     for i, e in enumerate(entries):
         sc = self.groups.get(e.group, [])
@@ -273,7 +308,7 @@ def _items(self: TPPO, entries: list[Entry], starts: list[int], generated_from: 
            chosen: torch.Tensor) -> tuple[list[TrainItem], dict]:
     ("The chosen entries' train items, and the tokens masked, filtered (group filter) and left out (subset) "
      "this step")
-    a, k = self.cfg.algo, keep.sum(1).tolist()
+    a, k = self.settings, keep.sum(1).tolist()
     items, n = [], dict(masked_tokens=0, filtered_tokens=0, unselected_tokens=0)
     for i, e in enumerate(entries):
         s, rest, f = starts[i], len(entries[i].tokens) - starts[i], bool(fin[i])
@@ -301,9 +336,9 @@ def collect(self: TPPO, step: int, sampler) -> tuple[list[TrainItem], dict]:
     drop, chosen = self._group_filter(entries), self._choose(entries)
     V = self._values(entries, sampler.tok.pad_token_id)  # [N, C] over all tokens so far
     adv, keep = window_advantages(V, starts, [len(e.tokens) for e in entries], reward, fin,
-                                  self.cfg, drop | ~chosen)
+                                  self.settings, drop | ~chosen)
     self._settle(entries)
-    warm = step < self.cfg.algo.value_warmup  # the critic's warm-up: no policy update, nothing marked trained
+    warm = step < self.settings.value_warmup  # the critic's warm-up: no policy update, nothing marked trained
     items, counts = (([], dict(masked_tokens=0, filtered_tokens=0, unselected_tokens=0)) if warm else
                      self._items(entries, starts, generated_from, adv, keep, fin, correct, drop, chosen))
     done = [e for e, f in zip(entries, fin.tolist()) if f]
@@ -331,9 +366,9 @@ def _metrics(self: TPPO, entries, starts, done, ok, reward, fin, k, eos_id) -> d
 # %% ../nbs/18_tppo.ipynb #760f87eb
 @patch
 def surrogate(self: TPPO, logp, old_logp, adv):
-    "Dual-clip PPO (capped at -c·A where A < 0) when `algo.dual_clip` > 0, else the plain clipped surrogate"
-    a = self.cfg.algo
-    if a.dual_clip: return dual_clip_surrogate(logp, old_logp, adv, a.eps_low, a.eps_high, a.dual_clip)
+    "Dual-clip PPO (capped at -c·A where A < 0) when `algo.tppo.dual_clip` > 0, else the plain clipped surrogate"
+    a, c = self.cfg.algo, self.settings.dual_clip
+    if c: return dual_clip_surrogate(logp, old_logp, adv, a.eps_low, a.eps_high, c)
     return Algorithm.surrogate(self, logp, old_logp, adv)
 
 # %% ../nbs/18_tppo.ipynb #12cfa209
@@ -343,7 +378,7 @@ def after_update(self: TPPO, pad_id: int) -> dict:
     done, reward, v_old = self._finished or ([], None, None)
     self._finished = None
     if not self.dist.any(bool(done)): return dict(value_loss=None, explained_variance=None)
-    a, dev = self.cfg.algo, next(self.value.parameters()).device
+    a, dev = self.settings, next(self.value.parameters()).device
     L = torch.tensor([len(e.tokens) for e in done], dtype=torch.long)
     T = int(L.max()) if done else 1  # a process with none still joins the critic's all-reduce
     mask = torch.arange(T)[None] < L[:, None]
@@ -362,7 +397,7 @@ def after_update(self: TPPO, pad_id: int) -> dict:
 @patch
 def _value_epoch(self: TPPO, done: list[Entry], v_old, ret, mask, pad_id: int, dev) -> float:
     "One optimizer step of the critic over the finished responses (micro-batched); its loss"
-    a, T, mb = self.cfg.algo, mask.shape[1], self.cfg.train.micro_batch
+    a, T, mb = self.settings, mask.shape[1], self.cfg.train.micro_batch
     total = self.dist.sum([mask.sum()])[0]  # finished tokens of every process: the token mean's denominator
     self.vopt.zero_grad(set_to_none=True)
     tot, starts = 0.0, list(range(0, len(done), mb))
