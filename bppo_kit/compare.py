@@ -23,11 +23,11 @@ __all__ = ['VARIANTS', 'BUDGET_UNITS', 'variant_config', 'budget_config', 'parse
 
 # %% ../nbs/26_compare.ipynb #44ed44a1
 # the progress budget, sooner and tighter: from 10% of training, 1.1x the recent correct lengths' 90th percentile
-_FOCUS = ["algo.budget=progress", "algo.budget_explore=0.1", "algo.budget_slack=0"]
+_FOCUS = ["algo.bppo.budget=progress", "algo.bppo.budget_explore=0.1", "algo.bppo.budget_slack=0"]
 # T-PPO's recipe: 10 critic-only warm-up steps, the positive-example LM loss, a prioritized half of a 2x window,
 # the last tokens of unfinished windows masked (never trained)
-_RECIPE = ["algo.name=tppo", "algo.value_warmup=10", "algo.lm_loss_weight=0.1", "algo.oversample=2",
-           "algo.filter_mode=mask"]
+_RECIPE = ["algo.name=tppo", "algo.tppo.value_warmup=10", "algo.tppo.lm_loss_weight=0.1", "algo.tppo.oversample=2",
+           "algo.tppo.filter_mode=mask"]
 
 # %% ../nbs/26_compare.ipynb #aefa64e5
 # GRPO and BPPO, and BPPO's ablations: each a `--set` override list over the shared config
@@ -37,34 +37,34 @@ _GRPO_BPPO_VARIANTS = {
     # GRPO with TRL's defaults (the GRPO lesson's `TRL_DEFAULTS`)
     "grpo_trl": ["algo.name=grpo", *TRL_DEFAULTS],
     "bppo": ["algo.name=bppo"],
-    "bppo_full": ["algo.name=bppo", "algo.prefix_mode=full"],  # selection only, no prefix
-    "bppo_one": ["algo.name=bppo", "algo.class_weight=one"],  # unweighted representatives
-    "bppo_ratio": ["algo.name=bppo", "algo.prefix_mode=ratio"],
-    "bppo_sched": ["algo.name=bppo", "algo.schedule=early_stop"],  # + adaptive completion scheduling
+    "bppo_full": ["algo.name=bppo", "algo.bppo.prefix_mode=full"],  # selection only, no prefix
+    "bppo_one": ["algo.name=bppo", "algo.bppo.class_weight=one"],  # unweighted representatives
+    "bppo_ratio": ["algo.name=bppo", "algo.bppo.prefix_mode=ratio"],
+    "bppo_sched": ["algo.name=bppo", "algo.bppo.schedule=early_stop"],  # + adaptive completion scheduling
     # GRPO's loss denominator (same gradient budget)
-    "bppo_parity": ["algo.name=bppo", "algo.loss_scale=grpo"],
-    "bppo_progress": ["algo.name=bppo", "algo.budget=progress"],  # a generation budget that follows training
+    "bppo_parity": ["algo.name=bppo", "algo.bppo.loss_scale=grpo"],
+    "bppo_progress": ["algo.name=bppo", "algo.bppo.budget=progress"],  # a generation budget that follows training
     "bppo_focus": ["algo.name=bppo", *_FOCUS],
     # selection only on the same budget
-    "bppo_full_focus": ["algo.name=bppo", "algo.prefix_mode=full", *_FOCUS],
+    "bppo_full_focus": ["algo.name=bppo", "algo.bppo.prefix_mode=full", *_FOCUS],
     # every completion, each cut to its group's pair length
-    "prefix_only": ["algo.name=bppo", "algo.select=all"],
+    "prefix_only": ["algo.name=bppo", "algo.bppo.select=all"],
 }
 
 # %% ../nbs/26_compare.ipynb #2066ca69
 # the family (lesson 15), each at its paper's choice scaled to cpu-demo's 8 completions a group
 _FAMILY_VARIANTS = {
     # cppo: the largest |advantage| over the batch, 2 a group on average (CPPO keeps 1-2 of 16)
-    "cppo": ["algo.name=cppo", "algo.keep=2"],
+    "cppo": ["algo.name=cppo", "algo.cppo.keep=2"],
     # max reward variance: with 0/1 rewards a correct and an incorrect one
-    "pods": ["algo.name=pods", "algo.keep=2"],
-    "gfpo": ["algo.name=gfpo", "algo.keep=4"],  # the 4 shortest of 8 (GFPO: 8 of 16)
+    "pods": ["algo.name=pods", "algo.pods.keep=2"],
+    "gfpo": ["algo.name=gfpo", "algo.gfpo.keep=4"],  # the 4 shortest of 8 (GFPO: 8 of 16)
     # the 4 of most reward per token
-    "gfpo_eff": ["algo.name=gfpo", "algo.keep=4", "algo.gfpo_rule=efficiency"],
+    "gfpo_eff": ["algo.name=gfpo", "algo.gfpo.keep=4", "algo.gfpo.gfpo_rule=efficiency"],
     # every completion, half its tokens at random, reweighted
-    "nat": ["algo.name=nat", "algo.token_frac=0.5"],
+    "nat": ["algo.name=nat", "algo.nat.token_frac=0.5"],
     # NAT's random prefix cutting, half the tokens on average
-    "nat_rpc": ["algo.name=nat_rpc", "algo.token_frac=0.5"],
+    "nat_rpc": ["algo.name=nat_rpc", "algo.nat_rpc.token_frac=0.5"],
     # small groups (2-GRPO): 2 completions a prompt, 4x the prompts: the same 128 completions a step as cpu-demo
     "grpo_g2": ["algo.name=grpo", "algo.reduction=token", "rollout.group_size=2",
                 "train.prompts_per_step=64"],
@@ -75,29 +75,29 @@ _FAMILY_VARIANTS = {
 _PPO_VARIANTS = {
     "ppo": ["algo.name=ppo", "rollout.window=0"],  # PPO with a value model, whole responses
     "tppo": ["algo.name=tppo"],  # T-PPO: the preset's windows (cpu-demo: 32 tokens), EGAE
-    "tppo_filter": ["algo.name=tppo", "algo.group_filter=mixed"],  # + the group filter
+    "tppo_filter": ["algo.name=tppo", "algo.tppo.group_filter=mixed"],  # + the group filter
     # a critic given more: 10 warm-up steps (critic only, as the paper) and 4 optimizer steps a step
-    "tppo_critic": ["algo.name=tppo", "algo.value_warmup=10", "algo.value_epochs=4"],
+    "tppo_critic": ["algo.name=tppo", "algo.tppo.value_warmup=10", "algo.tppo.value_epochs=4"],
     # unfinished windows train nothing: each response trains whole (carried) once it finishes: PPO's advantages,
     # T-PPO's generation (the ablation that isolates what EGAE's bootstraps on unfinished windows do)
-    "tppo_defer": ["algo.name=tppo", "algo.exclude_last=4096"],
+    "tppo_defer": ["algo.name=tppo", "algo.tppo.exclude_last=4096"],
     "tppo_recipe": _RECIPE,
     # the recipe with one thing changed
-    "tppo_recipe_nowarm": [*_RECIPE, "algo.value_warmup=0"],  # no critic warm-up
-    "tppo_recipe_nolm": [*_RECIPE, "algo.lm_loss_weight=0"],  # no positive-example LM loss
-    "tppo_recipe_noprio": [*_RECIPE, "algo.oversample=1"],  # no prioritized subset: every window trains
+    "tppo_recipe_nowarm": [*_RECIPE, "algo.tppo.value_warmup=0"],  # no critic warm-up
+    "tppo_recipe_nolm": [*_RECIPE, "algo.tppo.lm_loss_weight=0"],  # no positive-example LM loss
+    "tppo_recipe_noprio": [*_RECIPE, "algo.tppo.oversample=1"],  # no prioritized subset: every window trains
     # unfinished windows' last tokens trained a step later
-    "tppo_recipe_defer": [*_RECIPE, "algo.filter_mode=defer"],
-    "tppo_recipe_split": [*_RECIPE, "algo.whiten=split"],  # finished and unfinished rows whitened apart
-    "tppo_recipe_scale": [*_RECIPE, "algo.whiten=scale"],  # advantages scaled, not centered
+    "tppo_recipe_defer": [*_RECIPE, "algo.tppo.filter_mode=defer"],
+    "tppo_recipe_split": [*_RECIPE, "algo.tppo.whiten=split"],  # finished and unfinished rows whitened apart
+    "tppo_recipe_scale": [*_RECIPE, "algo.tppo.whiten=scale"],  # advantages scaled, not centered
     # the token filter's scale: none at all, and a quarter of a 128-token window (cpu-demo's 8 of 32)
-    "tppo_recipe_nofilter": [*_RECIPE, "algo.exclude_last=0"],
-    "tppo_recipe_wide": [*_RECIPE, "algo.exclude_last=32"],
+    "tppo_recipe_nofilter": [*_RECIPE, "algo.tppo.exclude_last=0"],
+    "tppo_recipe_wide": [*_RECIPE, "algo.tppo.exclude_last=32"],
     # PPO with the recipe's critic warm-up and LM loss: whole responses, no windows
-    "ppo_recipe": ["algo.name=ppo", "rollout.window=0", "algo.value_warmup=10", "algo.lm_loss_weight=0.1"],
+    "ppo_recipe": ["algo.name=ppo", "rollout.window=0", "algo.ppo.value_warmup=10", "algo.ppo.lm_loss_weight=0.1"],
     # PPO on T-PPO's footing: the recipe's rows per decoding pass (a prioritized half of twice the batch) and LM loss;
     # what is left between it and `tppo_recipe_nowarm` is T-PPO's own: windows, EGAE, the token filter
-    "ppo_fair": ["algo.name=ppo", "rollout.window=0", "algo.oversample=2", "algo.lm_loss_weight=0.1"],
+    "ppo_fair": ["algo.name=ppo", "rollout.window=0", "algo.ppo.oversample=2", "algo.ppo.lm_loss_weight=0.1"],
 }
 VARIANTS = {**_GRPO_BPPO_VARIANTS, **_FAMILY_VARIANTS, **_PPO_VARIANTS}
 

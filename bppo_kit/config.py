@@ -228,6 +228,9 @@ def validate(cfg: Config) -> Config:
     "Check every field of `cfg` against its type and range; raise `ConfigError` naming the first bad one"
     for k, v in cfg.algo.__dict__.pop("_moved", {}).items():  # old `algo.X` keys, now that `algo.name` is final
         cfg.algo.settings.setdefault(moved_to(k, cfg.algo.name), {})[k] = v
+    # a built-in algorithm's setting at its default is not kept: equal runs have equal configs, however spelled
+    cfg.algo.settings = {n: kept for n, given in cfg.algo.settings.items() if (kept := {
+        k: v for k, v in given.items() if not (k in MOVED and n in MOVED[k][0] and v == MOVED[k][1])})}
     for sec in fields(cfg):
         part = getattr(cfg, sec.name)
         for f in fields(part):
