@@ -9,12 +9,12 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from fastcore.basics import patch
 from .config import Config, ConfigError, from_dict, get_config, set_value, to_dict, validate
-from .core import ENGINES, algorithm_names
+from .core import ENGINES, SETTINGS, algorithm_names
 from .api import RLTrainer
 
 # %% auto #0
-__all__ = ['SECTIONS', 'SHOWN', 'SHOWN_PATTERNS', 'HIDDEN', 'LABELS', 'UI_RANGES', 'has_frontend', 'panel_fields', 'widget_spec',
-           'RunRecord', 'plot_runs', 'fig_png', 'Panel']
+__all__ = ['SECTIONS', 'SHOWN', 'SHOWN_PATTERNS', 'HIDDEN', 'LABELS', 'UI_RANGES', 'has_frontend', 'panel_fields', 'config_value',
+           'widget_spec', 'RunRecord', 'plot_runs', 'fig_png', 'Panel']
 
 # %% ../nbs/28_widgets.ipynb #cb59ba1c
 def has_frontend() -> bool:
@@ -31,10 +31,10 @@ def has_frontend() -> bool:
 # config sections the panel offers (model and sft are fixed here)
 SECTIONS = ("algo", "rollout", "train", "data")
 SHOWN = ["algo.name", "rollout.group_size", "train.prompts_per_step", "train.steps", "train.lr",
-         "algo.eps_low", "algo.eps_high", "algo.prefix_mode", "algo.prefix_ratio", "rollout.temperature",
+         "algo.eps_low", "algo.eps_high", "algo.bppo.prefix_mode", "algo.bppo.prefix_ratio", "rollout.temperature",
          "rollout.max_new_tokens", "train.seed", "data.eval_size", "train.eval_every"]
 SHOWN_PATTERNS = ("window",)  # e.g. a T-PPO window length joins the curated list as soon as the config has it
-# set by the panel (one run folder per run), and a registered algorithm's own settings (`algo.NAME.FIELD`)
+# set by the panel (one run folder per run); the algorithms' own settings are offered one by one (`algo.NAME.FIELD`)
 HIDDEN = {"train.out", "algo.settings"}
 LABELS = {"algo.name": "algorithm", "train.prompts_per_step": "prompts per step",
           "rollout.max_new_tokens": "max new tokens"}
@@ -42,7 +42,7 @@ UI_RANGES = {  # key -> (low, high, step, log scale); clipped to the field's own
     "rollout.group_size": (2, 32, 1, False), "train.prompts_per_step": (1, 64, 1, False),
     "train.steps": (1, 200, 1, False), "train.lr": (1e-6, 1e-2, 0.1, True),
     "algo.eps_low": (0.01, 0.5, 0.01, False), "algo.eps_high": (0.01, 0.5, 0.01, False),
-    "algo.prefix_ratio": (0.05, 1.0, 0.05, False), "algo.prefix_ratio_end": (0.05, 1.0, 0.05, False),
+    "algo.bppo.prefix_ratio": (0.05, 1.0, 0.05, False), "algo.bppo.prefix_ratio_end": (0.05, 1.0, 0.05, False),
     "rollout.temperature": (0.1, 2.0, 0.05, False), "rollout.max_new_tokens": (16, 512, 8, False),
     "train.seed": (0, 99, 1, False), "data.eval_size": (0, 200, 1, False),
     "train.eval_every": (0, 50, 1, False),
@@ -55,14 +55,23 @@ def panel_fields(cfg: Config) -> tuple[list[str], list[str]]:
     "Dotted keys of the fields the panel offers: (shown up front, under 'more settings')"
     keys = [f"{s}.{f.name}" for s in SECTIONS for f in fields(getattr(cfg, s))
             if f"{s}.{f.name}" not in HIDDEN]
+    keys += [f"algo.{n}.{f.name}" for n, cls in SETTINGS.items() for f in fields(cls)]  # each algorithm's own
     shown = ([k for k in SHOWN if k in keys]
              + [k for k in keys if k not in SHOWN and any(p in k for p in SHOWN_PATTERNS)])
     return shown, [k for k in keys if k not in shown]
 
 # %% ../nbs/28_widgets.ipynb #85c58709
 def _field(cfg: Config, key: str):
-    s, n = key.split(".")
-    return next(f for f in fields(getattr(cfg, s)) if f.name == n)
+    "The dataclass field of `section.field`, or of an algorithm's own `algo.NAME.FIELD`"
+    parts = key.split(".")
+    return next(f for f in fields(SETTINGS[parts[1]] if len(parts) == 3 else getattr(cfg, parts[0]))
+                if f.name == parts[-1])
+
+def config_value(cfg: Config, key: str):
+    "The value of `section.field`, or of an algorithm's own `algo.NAME.FIELD` (its default where not set)"
+    parts = key.split(".")
+    if len(parts) == 2: return getattr(getattr(cfg, parts[0]), parts[1])
+    return cfg.algo.settings.get(parts[1], {}).get(parts[2], _field(cfg, key).default)
 
 def widget_spec(cfg: Config, key: str) -> dict:
     ("The control for config field `key`: kind (dropdown, checkbox, text, int/float/log slider, int/float "
@@ -159,15 +168,11 @@ class Panel:
         "Set config field `key` (checked); the matching control follows"
         set_value(self.cfg, key, value)
         if self._ui and key in self._ui["controls"]:
-            self._ui["controls"][key].value = getattr(*self._part(key))
+            self._ui["controls"][key].value = config_value(self.cfg, key)
         return self
 
     @property
     def busy(self) -> bool: return any(r.status in ("queued", "running") for r in self.runs)
-
-    def _part(self, key):
-        s, n = key.split(".")
-        return getattr(self.cfg, s), n
 
 # %% ../nbs/28_widgets.ipynb #278c2aa9
 @patch
@@ -175,9 +180,9 @@ def _label(self: Panel, name: str, cfg: Config) -> str:
     "The run's name plus the shown settings that differ from the first run's"
     if not self.runs: return name
     ref, keys = self.runs[0].cfg, panel_fields(cfg)[0]
-    get = lambda c, k: getattr(getattr(c, k.split(".")[0]), k.split(".")[1])
-    diff = [f"{k.split('.')[1]}={get(cfg, k):g}" if isinstance(get(cfg, k), float)
-            else f"{k.split('.')[1]}={get(cfg, k)}"
+    get = config_value
+    diff = [f"{k.split('.')[-1]}={get(cfg, k):g}" if isinstance(get(cfg, k), float)
+            else f"{k.split('.')[-1]}={get(cfg, k)}"
             for k in keys if k != "algo.name" and get(cfg, k) != get(ref, k)]
     return " ".join([name] + diff)
 
@@ -305,9 +310,9 @@ def _on_change(self: Panel, key, value):
 @patch
 def _control(self: Panel, key: str):
     import ipywidgets as W
-    sp, v = widget_spec(self.cfg, key), getattr(*self._part(key))
+    sp, v = widget_spec(self.cfg, key), config_value(self.cfg, key)
     # "more settings": the full key
-    label = LABELS.get(key) or (key.split(".")[1] if key in panel_fields(self.cfg)[0] else key)
+    label = LABELS.get(key) or (key.split(".")[-1] if key in panel_fields(self.cfg)[0] else key)
     kw = dict(description=label, description_tooltip=key, style={"description_width": "125px"},
               layout=W.Layout(width="auto"))
     k = sp["kind"]
