@@ -167,7 +167,8 @@ class BPPOSettings:
     # (the first budget_explore of training), then ~ the recent correct responses' lengths, tightening
     budget: str = param("fixed", choices=["fixed", "progress"])
     budget_explore: float = param(0.2, ge=0, le=1)  # share of training at the full budget
-    budget_slack: float = param(1.0, ge=0)  # headroom over recent correct lengths as focusing starts (x1.1 at the end)
+    # headroom over recent correct lengths as focusing starts (x1.1 at the end)
+    budget_slack: float = param(1.0, ge=0)
 
 # %% ../nbs/14_bppo.ipynb #6288972f
 @register("bppo", settings=BPPOSettings)
@@ -194,7 +195,7 @@ class BPPO(Algorithm):
 # %% ../nbs/14_bppo.ipynb #e8865894
 @patch
 def _finish(self: BPPO, r: Rollout, items: list[TrainItem], ratio: float) -> tuple[list[TrainItem], dict]:
-    "`items` and their metrics; with `algo.bppo.loss_scale=grpo` the advantages x `parity_factor` (logged too)"
+    "`items` and their metrics; with `loss_scale=grpo` the advantages x `parity_factor` (logged too)"
     m = dict(frac_zero_std_groups=zero_signal_frac(r.rewards), selected_sequences=len(items),
              prefix_tokens=sum(it.end for it in items), prefix_ratio=ratio)
     if self.settings.loss_scale == "grpo" and items:

@@ -26,8 +26,8 @@ __all__ = ['VARIANTS', 'BUDGET_UNITS', 'variant_config', 'budget_config', 'parse
 _FOCUS = ["algo.bppo.budget=progress", "algo.bppo.budget_explore=0.1", "algo.bppo.budget_slack=0"]
 # T-PPO's recipe: 10 critic-only warm-up steps, the positive-example LM loss, a prioritized half of a 2x window,
 # the last tokens of unfinished windows masked (never trained)
-_RECIPE = ["algo.name=tppo", "algo.tppo.value_warmup=10", "algo.tppo.lm_loss_weight=0.1", "algo.tppo.oversample=2",
-           "algo.tppo.filter_mode=mask"]
+_RECIPE = ["algo.name=tppo", "algo.tppo.value_warmup=10", "algo.tppo.lm_loss_weight=0.1",
+           "algo.tppo.oversample=2", "algo.tppo.filter_mode=mask"]
 
 # %% ../nbs/26_compare.ipynb #aefa64e5
 # GRPO and BPPO, and BPPO's ablations: each a `--set` override list over the shared config
@@ -43,7 +43,8 @@ _GRPO_BPPO_VARIANTS = {
     "bppo_sched": ["algo.name=bppo", "algo.bppo.schedule=early_stop"],  # + adaptive completion scheduling
     # GRPO's loss denominator (same gradient budget)
     "bppo_parity": ["algo.name=bppo", "algo.bppo.loss_scale=grpo"],
-    "bppo_progress": ["algo.name=bppo", "algo.bppo.budget=progress"],  # a generation budget that follows training
+    # a generation budget that follows training
+    "bppo_progress": ["algo.name=bppo", "algo.bppo.budget=progress"],
     "bppo_focus": ["algo.name=bppo", *_FOCUS],
     # selection only on the same budget
     "bppo_full_focus": ["algo.name=bppo", "algo.bppo.prefix_mode=full", *_FOCUS],
@@ -94,7 +95,8 @@ _PPO_VARIANTS = {
     "tppo_recipe_nofilter": [*_RECIPE, "algo.tppo.exclude_last=0"],
     "tppo_recipe_wide": [*_RECIPE, "algo.tppo.exclude_last=32"],
     # PPO with the recipe's critic warm-up and LM loss: whole responses, no windows
-    "ppo_recipe": ["algo.name=ppo", "rollout.window=0", "algo.ppo.value_warmup=10", "algo.ppo.lm_loss_weight=0.1"],
+    "ppo_recipe": ["algo.name=ppo", "rollout.window=0", "algo.ppo.value_warmup=10",
+                   "algo.ppo.lm_loss_weight=0.1"],
     # PPO on T-PPO's footing: the recipe's rows per decoding pass (a prioritized half of twice the batch) and LM loss;
     # what is left between it and `tppo_recipe_nowarm` is T-PPO's own: windows, EGAE, the token filter
     "ppo_fair": ["algo.name=ppo", "rollout.window=0", "algo.ppo.oversample=2", "algo.ppo.lm_loss_weight=0.1"],

@@ -110,8 +110,8 @@ class AlgoConfig:
 _BPPO, _PPO = ("bppo",), ("tppo", "ppo")  # T-PPO and PPO share one settings dataclass
 MOVED = {  # old `algo.X` -> (the algorithms that own X now, X's default before)
     **{k: (_BPPO, v) for k, v in dict(prefix_mode="pair_min", prefix_ratio=0.5, prefix_ratio_end=0.5,
-                                      prefix_tokens=64, class_weight="class", select="binary", schedule="none",
-                                      loss_scale="own", budget="fixed", budget_explore=0.2,
+                                      prefix_tokens=64, class_weight="class", select="binary",
+                                      schedule="none", loss_scale="own", budget="fixed", budget_explore=0.2,
                                       budget_slack=1.0).items()},
     **{k: (_PPO, v) for k, v in dict(gamma=1.0, lam=0.95, lam_alpha=0.0, dual_clip=10.0, exclude_last=8,
                                      adv_clamp=5.0, value_lr=5e-4, value_warmup=0, lm_loss_weight=0.0,
@@ -122,7 +122,7 @@ MOVED = {  # old `algo.X` -> (the algorithms that own X now, X's default before)
     "token_frac": (("nat", "nat_rpc"), 0.5)}
 
 def moved_to(key: str, algo: str) -> str:
-    "The algorithm whose settings an old `algo.KEY` sets: the run's `algo` if it owns KEY, else the first owner"
+    "The algorithm whose settings an old `algo.KEY` sets: the run's `algo` if it owns KEY, else the first"
     owners = MOVED[key][0]
     return algo if algo in owners else owners[0]
 
@@ -197,14 +197,15 @@ _TYPES = {"int": int, "float": float, "bool": bool, "str": str}
 def check_value(name: str, # the dotted key, for the message
                 f, # the dataclass field (a `param`'s metadata gives its range)
                 v):
-    "`v` as field `f` holds it (an int read for a float becomes a float); a `ConfigError` if of another type or range"
+    ("`v` as field `f` holds it (an int read for a float becomes a float); a `ConfigError` if of another type "
+     "or range")
     # annotations are strings under `from __future__ import annotations`, types without it
     kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
     if kind == "dict":  # `algo.settings`: algorithm name -> its settings, each checked by its own dataclass
         if not (isinstance(v, dict) and all(isinstance(x, dict) for x in v.values())):
             raise ConfigError(f"{name}: expected a mapping of algorithm names to their settings, got {v!r}")
         return v
-    if kind not in _TYPES: raise TypeError(f"{name}: a setting is an int, float, bool or str; this one is {kind}")
+    if kind not in _TYPES: raise TypeError(f"{name}: a setting is an int, float, bool or str, not {kind}")
     want = _TYPES[kind]
     if want is float and type(v) is int: v = float(v)
     if want is float and type(v) is str:  # YAML 1.1 reads `1e-6` as a string
@@ -226,7 +227,8 @@ def check_value(name: str, # the dotted key, for the message
 # %% ../nbs/00_config.ipynb #b01999db
 def validate(cfg: Config) -> Config:
     "Check every field of `cfg` against its type and range; raise `ConfigError` naming the first bad one"
-    for k, v in cfg.algo.__dict__.pop("_moved", {}).items():  # old `algo.X` keys, now that `algo.name` is final
+    # old `algo.X` keys, now that `algo.name` is final
+    for k, v in cfg.algo.__dict__.pop("_moved", {}).items():
         cfg.algo.settings.setdefault(moved_to(k, cfg.algo.name), {})[k] = v
     # a built-in algorithm's setting at its default is not kept: equal runs have equal configs, however spelled
     cfg.algo.settings = {n: kept for n, given in cfg.algo.settings.items() if (kept := {
@@ -253,9 +255,10 @@ def set_value(cfg: Config, key: str, value) -> Config:
     "Set the dotted field `key` (e.g. 'rollout.temperature') of `cfg` to `value`, checked"
     parts = key.split(".")
     names = [f"{s.name}.{f.name}" for s in fields(cfg) for f in fields(getattr(cfg, s.name))]
-    if len(parts) == 2 and parts[0] == "algo" and parts[1] in MOVED:  # an old key: its algorithm's (`validate`)
-        warnings.warn(f"{key} is now algo.NAME.{parts[1]}, the own setting of {' and '.join(MOVED[parts[1]][0])}; "
-                      "the old key still works", FutureWarning, stacklevel=3)
+    if len(parts) == 2 and parts[0] == "algo" and parts[1] in MOVED:  # an old key: `validate` places it
+        owners = " and ".join(MOVED[parts[1]][0])
+        warnings.warn(f"{key} is now algo.NAME.{parts[1]}, the own setting of {owners}; the old key "
+                      "still works", FutureWarning, stacklevel=3)
         cfg.algo.__dict__.setdefault("_moved", {})[parts[1]] = value
         return cfg
     if len(parts) == 3 and parts[0] == "algo" and f"algo.{parts[1]}" not in names and parts[1] and parts[2]:

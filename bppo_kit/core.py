@@ -141,7 +141,7 @@ def token_weights(mask: torch.Tensor, # [B, T] trained tokens of (a micro-batch 
 
 # %% ../nbs/02_core.ipynb #5e06a6f9
 def own_name(cls: type, name: str) -> str:
-    "The name algorithm class `cls` answers to in a run of `algo.name=name`: it, if `register` gave it, else the first"
+    "The name algorithm class `cls` answers to in a run of `algo.name=name`: it if registered so, else its first"
     names = vars(cls).get("names", ())
     return name if name in names or not names else names[0]
 
@@ -257,12 +257,12 @@ def make_algorithm(cfg: Config, policy=None) -> Algorithm:
 
 # %% ../nbs/02_core.ipynb #07b24301
 def algo_settings(cfg: Config, name: str | None = None): # None: the run's algorithm, `cfg.algo.name`
-    "Algorithm `name`'s settings dataclass, filled from `cfg.algo.settings[name]` and checked; None if it has none"
+    "Algorithm `name`'s settings dataclass from `cfg.algo.settings[name]`, checked; None if it has none"
     name = name or cfg.algo.name
     given, cls = cfg.algo.settings.get(name, {}), SETTINGS.get(name)
     if cls is None:
         if given:
-            raise ConfigError(f"algo.{name}.{next(iter(given))}: the algorithm {name!r} has no settings of its own")
+            raise ConfigError(f"algo.{name}.{next(iter(given))}: the algorithm {name!r} has no own settings")
         return None
     known = {f.name: f for f in fields(cls)}
     for k in given:
@@ -271,7 +271,7 @@ def algo_settings(cfg: Config, name: str | None = None): # None: the run's algor
     return cls(**{k: check_value(f"algo.{name}.{k}", known[k], v) for k, v in given.items()})
 
 def check_settings(cfg: Config):
-    "A `ConfigError` naming the key if an `algo.NAME.FIELD` names no registered algorithm or does not fit its settings"
+    "A `ConfigError` naming the key if an `algo.NAME.FIELD` names no registered algorithm or does not fit it"
     for name in cfg.algo.settings:
         if name not in algorithm_names():
             raise ConfigError(f"algo.{name}: no algorithm {name!r} is registered (algo.NAME.FIELD sets the settings "

@@ -23,12 +23,13 @@ __all__ = ['TPPOSettings', 'ValueHead', 'ValueModel', 'whiten', 'window_advantag
 # %% ../nbs/18_tppo.ipynb #629f9977
 @dataclass
 class TPPOSettings:
-    "T-PPO's and PPO's own settings (`algo.tppo.FIELD`, `algo.ppo.FIELD`): GAE, the critic, the window's filter"
+    "T-PPO's and PPO's own settings (`algo.tppo.X`, `algo.ppo.X`): GAE, the critic, the window's filter"
     gamma: float = param(1.0, gt=0, le=1)  # discount
     lam: float = param(0.95, ge=0, le=1)  # GAE lambda (the floor when lam_alpha > 0)
-    lam_alpha: float = param(0.0, ge=0)  # T-PPO: length-adaptive lambda max(lam, 1 - 1/(alpha*L)); 0 = fixed lam
+    # T-PPO: length-adaptive lambda max(lam, 1 - 1/(alpha*L)); 0 = fixed lam
+    lam_alpha: float = param(0.0, ge=0)
     dual_clip: float = param(10.0, ge=0)  # dual-clip constant for negative advantages (> 1); 0 = off
-    exclude_last: int = param(8, ge=0)  # T-PPO: last tokens of an unfinished window left out of the policy loss
+    exclude_last: int = param(8, ge=0)  # T-PPO: an unfinished window's last tokens left out of the loss
     adv_clamp: float = param(5.0, gt=0)  # whitened advantages clamped to +-this
     value_lr: float = param(5e-4, gt=0)  # the value model's AdamW learning rate
     value_warmup: int = param(0, ge=0)  # the first steps train only the critic (no policy update)
@@ -175,9 +176,11 @@ class TPPO(Algorithm):
         "This process's batch: its share of `prompts_per_step` prompts, `group_size` samples each"
         return self.cfg.train.prompts_per_step // self.dist.world * self.cfg.rollout.group_size
 
-    def draw_size(self) -> int:
-        "The entries a step generates a window for: `algo.tppo.oversample` batches"
-        return max(self.batch_size(), round(self.settings.oversample * self.batch_size()))
+# %% ../nbs/18_tppo.ipynb #5e193ec7
+@patch
+def draw_size(self: TPPO) -> int:
+    "The entries a step generates a window for: `oversample` batches (the recipe's prioritized subset)"
+    return max(self.batch_size(), round(self.settings.oversample * self.batch_size()))
 
 # %% ../nbs/18_tppo.ipynb #75c61391
 @patch
@@ -366,7 +369,7 @@ def _metrics(self: TPPO, entries, starts, done, ok, reward, fin, k, eos_id) -> d
 # %% ../nbs/18_tppo.ipynb #760f87eb
 @patch
 def surrogate(self: TPPO, logp, old_logp, adv):
-    "Dual-clip PPO (capped at -c·A where A < 0) when `algo.tppo.dual_clip` > 0, else the plain clipped surrogate"
+    "Dual-clip PPO (capped at -c·A where A < 0) when `dual_clip` > 0, else the plain clipped surrogate"
     a, c = self.cfg.algo, self.settings.dual_clip
     if c: return dual_clip_surrogate(logp, old_logp, adv, a.eps_low, a.eps_high, c)
     return Algorithm.surrogate(self, logp, old_logp, adv)

@@ -31,8 +31,8 @@ def has_frontend() -> bool:
 # config sections the panel offers (model and sft are fixed here)
 SECTIONS = ("algo", "rollout", "train", "data")
 SHOWN = ["algo.name", "rollout.group_size", "train.prompts_per_step", "train.steps", "train.lr",
-         "algo.eps_low", "algo.eps_high", "algo.bppo.prefix_mode", "algo.bppo.prefix_ratio", "rollout.temperature",
-         "rollout.max_new_tokens", "train.seed", "data.eval_size", "train.eval_every"]
+         "algo.eps_low", "algo.eps_high", "algo.bppo.prefix_mode", "algo.bppo.prefix_ratio",
+         "rollout.temperature", "rollout.max_new_tokens", "train.seed", "data.eval_size", "train.eval_every"]
 SHOWN_PATTERNS = ("window",)  # e.g. a T-PPO window length joins the curated list as soon as the config has it
 # set by the panel (one run folder per run); the algorithms' own settings are offered one by one (`algo.NAME.FIELD`)
 HIDDEN = {"train.out", "algo.settings"}
@@ -42,7 +42,8 @@ UI_RANGES = {  # key -> (low, high, step, log scale); clipped to the field's own
     "rollout.group_size": (2, 32, 1, False), "train.prompts_per_step": (1, 64, 1, False),
     "train.steps": (1, 200, 1, False), "train.lr": (1e-6, 1e-2, 0.1, True),
     "algo.eps_low": (0.01, 0.5, 0.01, False), "algo.eps_high": (0.01, 0.5, 0.01, False),
-    "algo.bppo.prefix_ratio": (0.05, 1.0, 0.05, False), "algo.bppo.prefix_ratio_end": (0.05, 1.0, 0.05, False),
+    "algo.bppo.prefix_ratio": (0.05, 1.0, 0.05, False),
+    "algo.bppo.prefix_ratio_end": (0.05, 1.0, 0.05, False),
     "rollout.temperature": (0.1, 2.0, 0.05, False), "rollout.max_new_tokens": (16, 512, 8, False),
     "train.seed": (0, 99, 1, False), "data.eval_size": (0, 200, 1, False),
     "train.eval_every": (0, 50, 1, False),

@@ -39,10 +39,10 @@ def _first_row(tmp_path: Path, name: str, extra: list[str]) -> dict:
 
 @needs_tiny
 def test_parity_gives_grpo_gradient_scale(tmp_path):
-    "Step 0 of GRPO and BPPO samples one rollout: with `algo.loss_scale=grpo` their pre-clip norms are of one order"
+    "Step 0 of GRPO and BPPO samples one rollout: with `algo.bppo.loss_scale=grpo` their pre-clip norms are alike"
     grpo = _first_row(tmp_path, "grpo", ["algo.name=grpo"])
     own = _first_row(tmp_path, "own", ["algo.name=bppo"])
-    par = _first_row(tmp_path, "parity", ["algo.name=bppo", "algo.loss_scale=grpo"])
+    par = _first_row(tmp_path, "parity", ["algo.name=bppo", "algo.bppo.loss_scale=grpo"])
     assert grpo["generated_tokens"] == own["generated_tokens"] == par["generated_tokens"]  # the same rollout
     assert own["trained_tokens"] == par["trained_tokens"] > 0 and 0 < par["parity_factor"] < 1
     assert 1 / 3 < par["grad_norm"] / grpo["grad_norm"] < 3
@@ -52,8 +52,8 @@ def test_parity_gives_grpo_gradient_scale(tmp_path):
 @needs_tiny
 def test_progress_budget_in_the_loop(tmp_path):
     "With no exploration and no slack, step 1's budget is ~ step 0's correct lengths, and it is logged"
-    ov = SMALL + ["algo.name=bppo", "algo.budget=progress", "algo.budget_explore=0", "algo.budget_slack=0",
-                  "train.steps=2", f"train.out={tmp_path / 'p'}"]
+    ov = SMALL + ["algo.name=bppo", "algo.bppo.budget=progress", "algo.bppo.budget_explore=0",
+                  "algo.bppo.budget_slack=0", "train.steps=2", f"train.out={tmp_path / 'p'}"]
     train(get_config("cpu-demo", overrides=ov), progress=False, evaluate_every=False)
     rows = read_jsonl_rows(tmp_path / "p" / "metrics.jsonl")
     assert rows[0]["max_new_tokens"] == 160  # nothing seen yet: the configured budget

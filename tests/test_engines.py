@@ -78,8 +78,8 @@ def test_capabilities_not_names(plugin):
     with pytest.raises(ConfigError) as e: train(cfg, progress=False)
     msg = str(e.value)
     assert "\n" not in msg and "EngineCaps.windows" in msg and msg.startswith("rollout.engine")
-    cfg = get_config("cpu-demo", overrides=["algo.name=bppo", "algo.schedule=early_stop", "rollout.engine=plain"])
-    with pytest.raises(ConfigError, match=r"algo.schedule: .*EngineCaps.cancels"): train(cfg, progress=False)
+    cfg = get_config("cpu-demo", overrides=["algo.name=bppo", "algo.bppo.schedule=early_stop", "rollout.engine=plain"])
+    with pytest.raises(ConfigError, match=r"algo.bppo.schedule: .*EngineCaps.cancels"): train(cfg, progress=False)
     # the same engine with windows (the plugin's `counting`) is accepted by both checks
     from bppo_kit.tppo import TPPO
     counting = get_config("cpu-demo", overrides=["algo.name=tppo", "rollout.engine=counting"])

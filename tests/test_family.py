@@ -65,8 +65,8 @@ def test_rules_refuse_bad_sizes():
     with pytest.raises(ValueError, match="group size"): cppo_keep(torch.zeros(2, 4), 0)
     with pytest.raises(ValueError, match="group size"): max_variance_subset(torch.zeros(2, 4), 5)
     with pytest.raises(ValueError, match="rule"): gfpo_keep(torch.zeros(1, 4), torch.ones(1, 4), 2, "longest")
-    with pytest.raises(ConfigError, match="algo.keep"):
-        make_algorithm(get_config("cpu-demo", overrides=["algo.name=pods", "algo.keep=9"]))
+    with pytest.raises(ConfigError, match="algo.pods.keep: pods keeps at most"):
+        make_algorithm(get_config("cpu-demo", overrides=["algo.name=pods", "algo.pods.keep=9"]))
 
 
 def test_each_class_is_small_and_the_loop_does_not_know_them():
@@ -93,7 +93,7 @@ def test_max_variance_subset_is_the_brute_force_optimum():
 @pytest.mark.parametrize("algo", sorted(FAMILY))
 def test_train_runs_each_method_by_name(tmp_path, algo, shipped):
     "`algo.name=cppo` etc. through the same `train()`: registered on first lookup, trains fewer sequences than GRPO"
-    cfg = get_config("cpu-demo", overrides=SMALL + [f"algo.name={algo}", "algo.keep=2", "train.steps=2",
+    cfg = get_config("cpu-demo", overrides=SMALL + [f"algo.name={algo}", "train.steps=2",
                                                     f"train.out={tmp_path / algo}"])
     train(cfg, progress=False, evaluate_every=False)
     rows = read_jsonl_rows(tmp_path / algo / "metrics.jsonl")

@@ -37,8 +37,9 @@ def test_every_token_trained_once_with_its_old_logprobs(tmp_path, monkeypatch, w
         return out
     monkeypatch.setattr(upd, "micro_batch_loss", spy_loss)
     cfg = get_config("cpu-demo", overrides=[
-        "algo.name=tppo", f"rollout.window={window}", f"algo.exclude_last={exclude_last}", "rollout.max_new_tokens=60",
-        f"algo.group_filter={group_filter}", f"algo.filter_mode={mode}", f"algo.oversample={oversample}",
+        "algo.name=tppo", f"rollout.window={window}", f"algo.tppo.exclude_last={exclude_last}",
+        "rollout.max_new_tokens=60",
+        f"algo.tppo.group_filter={group_filter}", f"algo.tppo.filter_mode={mode}", f"algo.tppo.oversample={oversample}",
         "train.prompts_per_step=4", "rollout.group_size=2", "train.steps=12", f"train.out={tmp_path}/run"])
     train(cfg, progress=False, evaluate_every=False)
     assert len(finished) >= 8, finished
@@ -94,7 +95,7 @@ def test_actor_frozen_during_critic_warmup(tmp_path, steps, moves):
     from bppo_kit.policy import load_policy
     model, tok = load_policy("tiny")
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    cfg = _tiny_run_cfg(tmp_path, "algo.value_warmup=3", f"train.steps={steps}")
+    cfg = _tiny_run_cfg(tmp_path, "algo.tppo.value_warmup=3", f"train.steps={steps}")
     out = train(cfg, progress=False, evaluate_every=False, policy=(model, tok))
     assert out["steps"] == steps
     same = all(torch.equal(before[k], v) for k, v in model.state_dict().items())
@@ -113,7 +114,7 @@ def test_lm_loss_touches_only_finished_correct_tokens(tmp_path, monkeypatch):
     from bppo_kit.policy import pack
     from bppo_kit.verifier import score
     model, tok = load_policy("tiny")
-    cfg = _tiny_run_cfg(tmp_path, "algo.lm_loss_weight=0.1", "train.prompts_per_step=8", "rollout.group_size=4")
+    cfg = _tiny_run_cfg(tmp_path, "algo.tppo.lm_loss_weight=0.1", "train.prompts_per_step=8", "rollout.group_size=4")
     algo, smp = TPPO(cfg, model), Sampler(cfg, KitEngine(model, tok), tok)
     seen = 0
     for step in range(4):
@@ -147,7 +148,7 @@ def test_prioritized_subset_in_the_recipes_order():
     from bppo_kit.data import Example
     from bppo_kit.tppo import group_priority, select_subset
     algo = TPPO(get_config("cpu-demo", overrides=["algo.name=tppo", "rollout.group_size=3", "train.prompts_per_step=2",
-                                                   "algo.oversample=3"]))
+                                                   "algo.tppo.oversample=3"]))
     ex = Example("Q: 1+1\nA:", "2")
     groups = [4, 4, 4, 2, 2, 2, 6, 6, 6, 3, 3, 3, 1, 1, 1, 5, 5, 5]
     algo.groups = {4: [1.0, 1.0, 1.0], 2: [0.0], 6: [0.0, 1.0], 3: [], 1: [1.0, 1.0, 1.0], 5: [1.0, 0.0, 0.0]}

@@ -54,7 +54,7 @@ def test_table_rows(folder):
     lines = ta.table(per, "ppo", "tppo_recipe")
     assert [l.split("|")[1].strip() for l in lines[2:]] == ["`ppo`", "`tppo_recipe`", "`tppo_recipe_nowarm`"]
     row = lines[-1].split("|")
-    assert row[2].strip() == "`algo.value_warmup=0`"  # its overrides beyond the recipe's
+    assert row[2].strip() == "`algo.tppo.value_warmup=0`"  # its overrides beyond the recipe's
     assert row[4].strip() == "77.5 (75.0, 80.0)"
     assert row[6].strip() == "0.50x in 1 of 2 (0.50x, never)"
     # paired with the recipe: +5 and +10 points, mean 7.5, half-width 12.706 * stdev(5, 10) / sqrt(2)

@@ -110,7 +110,7 @@ def test_resample_and_early_stop(tmp_path):
     "BPPO with resampling of zero-signal groups and adaptive completion scheduling runs and reports both"
     from bppo_kit.config import get_config
     from bppo_kit.trainer import read_jsonl_rows, train
-    cfg = get_config("cpu-demo", overrides=["algo.name=bppo", "algo.resample=2", "algo.schedule=early_stop",
+    cfg = get_config("cpu-demo", overrides=["algo.name=bppo", "algo.resample=2", "algo.bppo.schedule=early_stop",
                                             "train.prompts_per_step=8", "rollout.group_size=8", "train.steps=2",
                                             f"train.out={tmp_path}"])
     train(cfg, progress=False, evaluate_every=False)

@@ -13,7 +13,7 @@ from transformers import TrainerCallback
 from trl import GRPOConfig
 from bppo_kit.bppo import BPPO, prefix_lengths, scheduled_ratio
 from bppo_kit.config import data_dir, get_config
-from bppo_kit.core import Completion
+from bppo_kit.core import Completion, algo_settings
 from bppo_kit.data import Example
 from bppo_kit.integrations.trl import (KIT_DEFAULTS, LOSS_REDUCTION, BPPOConfig, BPPOTrainer, bppo_targets,
                                        compact_batch, row_scale)
@@ -29,8 +29,8 @@ STEPS, B, G, MAX_NEW = 3, 4, 4, 64
 # (BPPOConfig knobs, the same as the kit's overrides)
 VARIANTS = {"defaults": ({}, []),
             "ratio-parity": (dict(prefix_mode="ratio", prefix_ratio=0.25, prefix_ratio_end=0.75, loss_scale="grpo"),
-                             ["algo.prefix_mode=ratio", "algo.prefix_ratio=0.25", "algo.prefix_ratio_end=0.75",
-                              "algo.loss_scale=grpo"])}
+                             ["algo.bppo.prefix_mode=ratio", "algo.bppo.prefix_ratio=0.25",
+                              "algo.bppo.prefix_ratio_end=0.75", "algo.bppo.loss_scale=grpo"])}
 
 
 class Recording(BPPOTrainer):
@@ -104,7 +104,7 @@ def test_one_generation_per_step_two_micro_batches(trained):
 def test_two_prefix_cut_completions_per_mixed_group(trained):
     "Per mixed group: its shortest correct and shortest incorrect completion, each masked to its `prefix_lengths`"
     trainer, log, eos, kcfg = trained
-    a, mixed_total = kcfg.algo, 0
+    a, mixed_total = algo_settings(kcfg, "bppo"), 0
     for step in range(STEPS):
         ro, _, _, rows = step_view(trainer, log, eos, kcfg, step)
         ratio = scheduled_ratio(step, STEPS, a.prefix_ratio, a.prefix_ratio_end)

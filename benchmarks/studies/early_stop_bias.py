@@ -3,8 +3,8 @@
     python benchmarks/studies/early_stop_bias.py --steps 8 --json runs/early_stop_bias.json [--model tiny]
 
 Samples `--steps` steps of full groups (the cpu-demo preset: 16 prompts x 8 completions, the kit's engine, nothing
-cancelled) with a policy, then replays `algo.schedule=early_stop` on them: `bppo_kit.bppo.early_stop_view` keeps the
-members that would have finished before the group was cancelled (members finish in order of length, as in the kit's
+cancelled) with a policy, then replays `algo.bppo.schedule=early_stop` on them: `bppo_kit.bppo.early_stop_view` keeps
+the members that would have finished before the group was cancelled (members finish in order of length, as in the kit's
 engine; cancel once a correct and an incorrect one are done and half the group has finished). For every mixed group it
 compares what the kept members imply with what the full group says:
 - the implied group accuracy (correct / counted members) against the full group's;

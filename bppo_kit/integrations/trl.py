@@ -9,7 +9,7 @@ from types import SimpleNamespace
 from fastcore.basics import patch
 import torch
 from ..bppo import PREFIX_MODES, pair_advantages, prefix_lengths, scheduled_ratio, select_binary
-from ..config import AlgoConfig
+from ..bppo import BPPOSettings
 from ..grpo import zero_signal_frac
 try:
     from trl import GRPOConfig, GRPOTrainer
@@ -25,8 +25,8 @@ __all__ = ['BPPO_KNOBS', 'KIT_DEFAULTS', 'ROW_KEYS', 'COMPLETION_KEYS', 'LOSS_RE
 # %% ../../nbs/29_trl.ipynb #b1a00007
 BPPO_KNOBS = ("prefix_mode", "prefix_ratio", "prefix_ratio_end", "prefix_tokens",
               "class_weight", "loss_scale")
-# the kit's `algo.*` defaults, and the threshold on the summed reward above which a completion is correct
-KIT_DEFAULTS = {f.name: f.default for f in fields(AlgoConfig)
+# the kit's defaults (`algo.bppo.*`), and the threshold on the summed reward above which a completion is correct
+KIT_DEFAULTS = {f.name: f.default for f in fields(BPPOSettings)
                 if f.name in BPPO_KNOBS} | {"correct_threshold": 0.0}
 
 # %% ../../nbs/29_trl.ipynb #b1a0000a
