@@ -141,9 +141,12 @@ def token_weights(mask: torch.Tensor, # [B, T] trained tokens of (a micro-batch 
 
 # %% ../nbs/02_core.ipynb #5e06a6f9
 def own_name(cls: type, name: str) -> str:
-    "The name algorithm class `cls` answers to in a run of `algo.name=name`: it if registered so, else its first"
+    ("Whose settings an algorithm of class `cls` reads in a run of `algo.name=name`: that name if `register` gave "
+     "it to `cls`, else its first; a class registered without settings of its own reads its base's")
     names = vars(cls).get("names", ())
-    return name if name in names or not names else names[0]
+    own = name if name in names or not names else names[0]
+    base = next((b for b in cls.__mro__[1:] if vars(b).get("names")), None)
+    return own if base is None or own in SETTINGS else own_name(base, name)
 
 # %% ../nbs/02_core.ipynb #c5a1f59f
 class Algorithm:
