@@ -4,15 +4,21 @@ from dataclasses import fields
 import pytest, yaml
 from hypothesis import given, strategies as st, settings
 from conftest import examples
+from bppo_kit.core import check_settings
 from bppo_kit.config import (PRESETS, Config, ConfigError, apply_overrides, get_config, load_config, save_config,
                              set_value)
 
 def ranged_fields():
+    "`section.field` of the config, and `algo.NAME.FIELD` of every built-in algorithm's own settings"
+    import bppo_kit.algorithms  # noqa: F401  (registers the built-ins and their settings)
+    from bppo_kit.core import SETTINGS
     c = Config()
-    for sec in fields(c):
-        for f in fields(getattr(c, sec.name)):
+    parts = ([(sec.name, getattr(c, sec.name)) for sec in fields(c)]
+             + [(f"algo.{n}", cls) for n, cls in SETTINGS.items()])
+    for name, part in parts:
+        for f in fields(part):
             m = f.metadata
-            if any(m.get(k) is not None for k in ("gt", "ge", "lt", "le", "choices")): yield f"{sec.name}.{f.name}", f
+            if any(m.get(k) is not None for k in ("gt", "ge", "lt", "le", "choices")): yield f"{name}.{f.name}", f
 
 @pytest.mark.parametrize("key,f", list(ranged_fields()), ids=lambda x: x if isinstance(x, str) else "")
 def test_out_of_range_names_field(key, f):
@@ -22,7 +28,9 @@ def test_out_of_range_names_field(key, f):
     elif m["ge"] is not None: bad = m["ge"] - 1
     elif m["lt"] is not None: bad = m["lt"]
     else: bad = m["le"] + 1
-    with pytest.raises(ConfigError, match=key.replace(".", r"\.")): apply_overrides(Config(), [f"{key}={bad}"])
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        if key.count(".") == 1: apply_overrides(Config(), [f"{key}={bad}"])
+        else: check_settings(apply_overrides(Config(), [f"{key}={bad}"]))  # an algorithm's own: when the run starts
 
 @pytest.mark.parametrize("preset", list(PRESETS))
 def test_yaml_roundtrip(preset, tmp_path):
