@@ -78,13 +78,14 @@ def widget_spec(cfg: Config, key: str) -> dict:
     ("The control for config field `key`: kind (dropdown, checkbox, text, int/float/log slider, int/float "
      "box), range")
     f = _field(cfg, key)
-    m = f.metadata
+    # annotations are strings under `from __future__ import annotations` (the kit's), types in a plugin without it
+    m, kind = f.metadata, f.type if isinstance(f.type, str) else getattr(f.type, "__name__", "")
     # every registered algorithm
     if key == "algo.name": return dict(kind="dropdown", options=algorithm_names())
     if key == "rollout.engine": return dict(kind="dropdown", options=list(ENGINES))  # ... and engine
     if m.get("choices"): return dict(kind="dropdown", options=list(m["choices"]))
-    if f.type in ("bool", "str"): return dict(kind="checkbox" if f.type == "bool" else "text")
-    is_int = f.type == "int"
+    if kind in ("bool", "str"): return dict(kind="checkbox" if kind == "bool" else "text")
+    is_int = kind == "int"
     lo = m["ge"] if m.get("ge") is not None else m.get("gt")
     hi = m["le"] if m.get("le") is not None else m.get("lt")
     # a number box, bounded where the config is

@@ -66,3 +66,25 @@ def test_settings_are_built_once_and_checked_by_name():
     assert moved_to("lam", "ppo") == "ppo" and moved_to("lam", "bppo") == "tppo"
     with pytest.raises(ConfigError, match="algo.bppo.prefix_mod: bppo has no setting 'prefix_mod'"):
         make_algorithm(get_config("cpu-demo", overrides=["algo.name=bppo", "algo.bppo.prefix_mod=ratio"]))
+
+
+def test_the_panel_reads_a_plugins_settings_without_string_annotations():
+    "This file has no `from __future__ import annotations`: its dataclass's field types are classes, not strings"
+    from dataclasses import dataclass
+    from bppo_kit.core import ALGORITHMS, SETTINGS, Algorithm, register
+    from bppo_kit.widgets import panel_fields, widget_spec
+
+    @dataclass
+    class PlainSettings:
+        label: str = "x"
+        rate: float = 0.5
+        on: bool = False
+
+    register("plain_plugin", settings=PlainSettings)(type("PlainPlugin", (Algorithm,), {}))
+    try:
+        assert "algo.plain_plugin.rate" in panel_fields(Config())[1]
+        assert [widget_spec(Config(), f"algo.plain_plugin.{k}")["kind"] for k in ("label", "rate", "on")] == [
+            "text", "float_box", "checkbox"]
+    finally:
+        ALGORITHMS.pop("plain_plugin")
+        SETTINGS.pop("plain_plugin")
