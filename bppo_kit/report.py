@@ -421,6 +421,7 @@ def write_report(out: Path, runs: dict[str, dict[int, Path]], # arm -> seed -> r
                  design: dict, chosen: dict | None = None) -> dict:
     "`report.json`, `report.md`, `compare.png` (with a budget `equal_cost.png`) of finished runs; the report"
     rep = build_report(runs, design, chosen)
+    payer = design.get("budget_of", design["baseline"])  # whose budget it was
     curve = rep["curve"] or {}
     (out / "report.json").write_text(json.dumps(rep, indent=1))
     u, arms, flagged = design["unit"], rep["arms"], {n for n, s in runs.items() if any(str(p) in rep["flags"]
@@ -428,7 +429,7 @@ def write_report(out: Path, runs: dict[str, dict[int, Path]], # arm -> seed -> r
     lines = report_head(rep) + ["## Verdicts", ""] + verdict_table(arms, rep["contrasts"], rep["design"])
     if design.get("budget"):
         share, name = design.get("budget_fraction") or 1.0, UNIT_NAMES[design["budget"]]
-        at, payer = "" if share == 1 else f"{share:g}x ", design.get("budget_of", design["baseline"])
+        at = "" if share == 1 else f"{share:g}x "
         who = "the baseline" if payer == design["baseline"] else f"`{payer}`"
         lines += ["", f"## {at or 'Equal '}cost: {name}", "", f"Every arm but {who} ran until it had "
                   f"spent {at}{who}'s total {name} for its seed (or its cap on steps): its final "
@@ -451,7 +452,6 @@ def write_report(out: Path, runs: dict[str, dict[int, Path]], # arm -> seed -> r
     lists = {n: list(s.values()) for n, s in runs.items()}
     compare_figure(lists).savefig(out / "compare.png", dpi=80)
     if design.get("budget"):
-        payer = design.get("budget_of", design["baseline"])  # its budget line first
-        lists = {n: lists[n] for n in [payer, *(n for n in lists if n != payer)]}
+        lists = {n: lists[n] for n in [payer, *(n for n in lists if n != payer)]}  # its budget line first
         equal_cost_figure(lists, design["budget"]).savefig(out / "equal_cost.png", dpi=80)
     return rep
