@@ -3,9 +3,11 @@
 
 Random weights never answer right, so the rewards are coin flips (`examples/plugins/coin_rewards.py`); everything
 else is the kit's loop. Slow (a minute or two) and about 12 GB of memory at its peak (in `make test` beside one other
-test worker); alone: `python -m pytest -m slow tests/test_real_shapes.py -s`.
+test worker); alone: `python -m pytest -m slow tests/test_real_shapes.py -s`. On disk it needs the model (1 GB) and
+one run's checkpoint (6 GB: float32 weights and AdamW's moments) at a time: each run is removed once read, and the
+test skips, saying why, where the disk has less free.
 """
-import gc, math, resource, time
+import gc, math, resource, shutil, time
 import pytest, torch
 from safetensors.torch import load_file
 from transformers import AutoConfig
@@ -25,9 +27,14 @@ def _changed(before: dict, after: dict) -> tuple[int, int]:
 def test_train_qwen2_5_0_5b_shape_on_cpu(tmp_path):
     from bppo_kit.cli import load_plugin
     from bppo_kit.config import get_config
-    from bppo_kit.runs import read_jsonl_rows
-    from bppo_kit.shapes import param_count, save_real_shaped
+    from bppo_kit.runs import checkpoint_bytes, read_jsonl_rows
+    from bppo_kit.shapes import param_count, qwen2_5_config, save_real_shaped
     from bppo_kit.trainer import train
+    # the bf16 model, one checkpoint, and 1 GB for the rest (the swap writes the first save whole, then renames)
+    need = 2 * param_count(qwen2_5_config("0.5b")) + checkpoint_bytes(qwen2_5_config("0.5b"))["total"] + 2**30
+    free = shutil.disk_usage(tmp_path).free
+    if free < need:
+        pytest.skip(f"needs {need / 2**30:.1f} GiB free on the disk of {tmp_path}; it has {free / 2**30:.1f}")
     load_plugin(str(ROOT / "examples" / "plugins" / "coin_rewards.py"))  # grpo_coin, bppo_coin
     t0 = time.time()
     folder = save_real_shaped(tmp_path / "model", "0.5b", "bfloat16", seed=0)
@@ -63,3 +70,5 @@ def test_train_qwen2_5_0_5b_shape_on_cpu(tmp_path):
               f"(threads {torch.get_num_threads()})", flush=True)
         del after
         gc.collect()
+        shutil.rmtree(out)  # one checkpoint at a time on the disk
+    shutil.rmtree(folder)

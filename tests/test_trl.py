@@ -23,6 +23,8 @@ from bppo_kit.update import update
 from bppo_kit.verifier import reward_fn
 from conftest import moved_policy
 
+OUT = tempfile.TemporaryDirectory(prefix="bppo_trl_")  # TRL saves nothing here; removed at exit
+
 needs_tiny = pytest.mark.skipif(not (data_dir() / "tiny_policy" / "config.json").exists(),
                                 reason="the shipped tiny policy is missing (run `make sft`)")
 STEPS, B, G, MAX_NEW = 3, 4, 4, 64
@@ -53,7 +55,7 @@ def run(knobs: dict):
         log.append(dict(texts=list(completions), answers=list(answer), ids=[list(x) for x in completion_ids],
                         rewards=out))
         return out
-    args = BPPOConfig(output_dir=tempfile.mkdtemp(prefix="bppo_trl_"), report_to="none", save_strategy="no",
+    args = BPPOConfig(output_dir=OUT.name, report_to="none", save_strategy="no",
                       logging_steps=1, disable_tqdm=True, use_cpu=True, seed=0, max_steps=STEPS, learning_rate=1e-4,
                       num_generations=G, per_device_train_batch_size=B * G // 2, gradient_accumulation_steps=2,
                       max_completion_length=MAX_NEW, top_k=0, shuffle_dataset=False, activation_checkpointing=False,
@@ -236,7 +238,7 @@ def trl_step(folder: str, loss_type: str, beta: float, unscaled: bool = False):
     def reward(prompts, completions, completion_ids, **kw):
         log.append(dict(prompts=list(prompts), texts=list(completions), ids=[list(x) for x in completion_ids]))
         return PAT[:len(completions)]
-    args = BPPOConfig(output_dir=tempfile.mkdtemp(prefix="bppo_trl_"), report_to="none", save_strategy="no",
+    args = BPPOConfig(output_dir=OUT.name, report_to="none", save_strategy="no",
                       disable_tqdm=True, use_cpu=True, bf16=False, seed=0, max_steps=1, learning_rate=1e-4,
                       num_generations=G, per_device_train_batch_size=NB * G // SPG, gradient_accumulation_steps=SPG,
                       max_completion_length=PAR_NEW, top_k=0, shuffle_dataset=False, activation_checkpointing=False,

@@ -32,6 +32,8 @@ from bppo_kit.policy import char_tokenizer, load_policy
 from conftest import moved_policy
 from bppo_kit.update import UpdateContext, micro_batch_tensors, policy_logprobs, update, update_epoch
 
+OUT = tempfile.TemporaryDirectory(prefix="trl_parity_")  # TRL saves nothing here; removed at exit
+
 B, G, P, C = 8, 4, 5, 8  # completions (two groups), group size, prompt tokens, max_completion_length
 PAIRS = {"token": "dapo", "seq": "grpo", "constant": "dr_grpo"}  # kit reduction -> TRL loss_type
 KL = {"none": (0.0, False), "k3": (0.1, False), "k3*ratio": (0.1, True)}  # (beta, bias-corrected)
@@ -75,7 +77,7 @@ def kit_cfg(reduction: str, beta: float, corrected: bool):
 
 def trl_trainer(model, tok, loss_type: str, beta: float, corrected: bool, **kw) -> GRPOTrainer:
     "A real `GRPOTrainer` on `model`, as one optimizer step over one micro-batch of the batch sees it"
-    args = GRPOConfig(output_dir=tempfile.mkdtemp(prefix="trl_parity_"), report_to="none", use_cpu=True, bf16=False,
+    args = GRPOConfig(output_dir=OUT.name, report_to="none", use_cpu=True, bf16=False,
                       num_generations=G, per_device_train_batch_size=B, max_completion_length=C, loss_type=loss_type,
                       beta=beta, use_bias_correction_kl=corrected, epsilon=0.2, epsilon_high=0.28,
                       activation_checkpointing=False, disable_tqdm=True, save_strategy="no", **kw)
@@ -204,7 +206,7 @@ def test_advantages_equal_trl(random_tiny, scale):
     model, tok = load_policy(random_tiny)
     rewards = REWARDS.flatten().tolist()
     nB = REWARDS.shape[0]
-    args = GRPOConfig(output_dir=tempfile.mkdtemp(prefix="trl_parity_"), report_to="none", use_cpu=True, bf16=False,
+    args = GRPOConfig(output_dir=OUT.name, report_to="none", use_cpu=True, bf16=False,
                       num_generations=G, per_device_train_batch_size=nB * G, max_completion_length=4, max_steps=1,
                       scale_rewards=scale, shuffle_dataset=False, activation_checkpointing=False, disable_tqdm=True,
                       save_strategy="no", logging_steps=1, seed=0)
