@@ -15,8 +15,8 @@ from .grpo import group_advantages, zero_signal_frac
 from .verifier import score
 
 # %% auto #0
-__all__ = ['PREFIX_MODES', 'BUDGET_WINDOW', 'select_binary', 'prefix_lengths', 'scheduled_ratio', 'masked_group_advantages',
-           'pair_advantages', 'early_stop', 'early_stop_view', 'parity_factor', 'progress_budget', 'BPPOSettings',
+__all__ = ['PREFIX_MODES', 'LENGTH_WINDOW', 'select_binary', 'prefix_lengths', 'scheduled_ratio', 'masked_group_advantages',
+           'pair_advantages', 'early_stop', 'early_stop_view', 'parity_factor', 'progress_length_cap', 'BPPOSettings',
            'BPPO']
 
 # %% ../nbs/14_bppo.ipynb #360bee7a
@@ -129,14 +129,14 @@ def parity_factor(items: list[TrainItem], r: Rollout, # BPPO's train items of ro
     return own / grpo if grpo else 1.0
 
 # %% ../nbs/14_bppo.ipynb #8913fb8f
-BUDGET_WINDOW = 5  # steps of correct response lengths that `progress_budget` looks at
+LENGTH_WINDOW = 5  # steps of correct response lengths that `progress_length_cap` looks at
 
-def progress_budget(step: int, steps: int, # this step, and the run's length
+def progress_length_cap(step: int, steps: int, # this step, and the run's length
                     correct_lengths: list[int], # the correct responses' lengths of the last steps
-                    max_new: int, # the configured budget (`rollout.max_new_tokens`)
-                    # `algo.bppo.budget_explore`, `algo.bppo.budget_slack`
+                    max_new: int, # the configured cap (`rollout.max_new_tokens`)
+                    # `algo.bppo.length_explore`, `algo.bppo.length_slack`
                     explore: float = 0.2, slack: float = 1.0) -> int:
-    ("The step's generation budget: `max_new` while exploring, then ~ the recent correct lengths with "
+    ("The step's length cap: `max_new` while exploring, then ~ the recent correct lengths with "
      "shrinking headroom")
     p = step / max(steps, 1)
     if p < explore or not correct_lengths: return max_new
@@ -148,7 +148,7 @@ def progress_budget(step: int, steps: int, # this step, and the run's length
 # %% ../nbs/14_bppo.ipynb #b98fbb80
 @dataclass
 class BPPOSettings:
-    "BPPO's own settings (`algo.bppo.FIELD`): which prefixes train, how a representative counts, the budget"
+    "BPPO's own settings (`algo.bppo.FIELD`): the prefixes trained, a representative's weight, the length cap"
     # which prefix of each representative is trained
     prefix_mode: str = param("pair_min", choices=["ratio", "pair_min", "tokens", "full"])
     prefix_ratio: float = param(0.5, gt=0, le=1)  # "ratio" mode: share of each response trained at step 0
@@ -163,12 +163,13 @@ class BPPOSettings:
     # "own" divides the pair's loss by its own prefix tokens; "grpo" by what GRPO would divide the same rollout by
     # (every completion's tokens), so both methods train at the same gradient scale (issue 18)
     loss_scale: str = param("own", choices=["own", "grpo"])
-    # the generation budget. fixed: rollout.max_new_tokens on every step; progress: the full budget while exploring
-    # (the first budget_explore of training), then ~ the recent correct responses' lengths, tightening
-    budget: str = param("fixed", choices=["fixed", "progress"])
-    budget_explore: float = param(0.2, ge=0, le=1)  # share of training at the full budget
+    # the cap on response lengths. fixed: rollout.max_new_tokens on every step;
+    # progress: that cap while exploring
+    # (the first length_explore of training), then ~ the recent correct responses' lengths, tightening
+    length_cap: str = param("fixed", choices=["fixed", "progress"])
+    length_explore: float = param(0.2, ge=0, le=1)  # share of training at the configured cap
     # headroom over recent correct lengths as focusing starts (x1.1 at the end)
-    budget_slack: float = param(1.0, ge=0)
+    length_slack: float = param(1.0, ge=0)
 
 # %% ../nbs/14_bppo.ipynb #6288972f
 @register("bppo", settings=BPPOSettings)
@@ -176,7 +177,7 @@ class BPPO(Algorithm):
     "Binary prefix selection over full-group normalization"
     def __init__(self, cfg: Config, policy=None):
         super().__init__(cfg, policy)
-        # lengths of the correct responses of the last steps (`algo.bppo.budget`)
+        # lengths of the correct responses of the last steps (`algo.bppo.length_cap`)
         self.recent: list[list[int]] = []
 
     @classmethod
@@ -227,22 +228,22 @@ def _prefix_only(self: BPPO, r: Rollout, sel: torch.Tensor, keep: torch.Tensor,
 # %% ../nbs/14_bppo.ipynb #1ed9d859
 @patch
 def remember(self: BPPO, r: Rollout):
-    "Keep the step's correct response lengths for `budget` (the last `BUDGET_WINDOW` steps)"
-    if self.settings.budget == "fixed": return
-    self.recent = (self.recent + [r.lengths[r.correct].tolist()])[-BUDGET_WINDOW:]
+    "Keep the step's correct response lengths for `length_cap` (the last `LENGTH_WINDOW` steps)"
+    if self.settings.length_cap == "fixed": return
+    self.recent = (self.recent + [r.lengths[r.correct].tolist()])[-LENGTH_WINDOW:]
 
 @patch
-def budget(self: BPPO, step: int) -> int | None:
-    ("`algo.bppo.budget=progress`: the step's max_new_tokens (`progress_budget`); None (the config's) "
-     "for `fixed`")
+def length_cap(self: BPPO, step: int) -> int | None:
+    ("`algo.bppo.length_cap=progress`: the step's max_new_tokens (`progress_length_cap`); "
+     "None (the config's) for `fixed`")
     a = self.settings
-    if a.budget == "fixed": return None
-    return progress_budget(step, self.cfg.train.steps, [n for s in self.recent for n in s],
-                           self.cfg.rollout.max_new_tokens, a.budget_explore, a.budget_slack)
+    if a.length_cap == "fixed": return None
+    return progress_length_cap(step, self.cfg.train.steps, [n for s in self.recent for n in s],
+                           self.cfg.rollout.max_new_tokens, a.length_explore, a.length_slack)
 
 @patch
 def state_dict(self: BPPO) -> dict | None:
-    return dict(recent=self.recent) if self.settings.budget != "fixed" else None
+    return dict(recent=self.recent) if self.settings.length_cap != "fixed" else None
 
 @patch
 def load_state_dict(self: BPPO, state: dict): self.recent = [list(x) for x in state.get("recent", [])]

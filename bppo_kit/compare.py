@@ -23,7 +23,7 @@ __all__ = ['VARIANTS', 'BUDGET_UNITS', 'variant_config', 'budget_config', 'parse
 
 # %% ../nbs/26_compare.ipynb #44ed44a1
 # the progress budget, sooner and tighter: from 10% of training, 1.1x the recent correct lengths' 90th percentile
-_FOCUS = ["algo.bppo.budget=progress", "algo.bppo.budget_explore=0.1", "algo.bppo.budget_slack=0"]
+_FOCUS = ["algo.bppo.length_cap=progress", "algo.bppo.length_explore=0.1", "algo.bppo.length_slack=0"]
 # T-PPO's recipe: 10 critic-only warm-up steps, the positive-example LM loss, a prioritized half of a 2x window,
 # the last tokens of unfinished windows masked (never trained)
 _RECIPE = ["algo.name=tppo", "algo.tppo.value_warmup=10", "algo.tppo.lm_loss_weight=0.1",
@@ -44,7 +44,7 @@ _GRPO_BPPO_VARIANTS = {
     # GRPO's loss denominator (same gradient budget)
     "bppo_parity": ["algo.name=bppo", "algo.bppo.loss_scale=grpo"],
     # a generation budget that follows training
-    "bppo_progress": ["algo.name=bppo", "algo.bppo.budget=progress"],
+    "bppo_progress": ["algo.name=bppo", "algo.bppo.length_cap=progress"],
     "bppo_focus": ["algo.name=bppo", *_FOCUS],
     # selection only on the same budget
     "bppo_full_focus": ["algo.name=bppo", "algo.bppo.prefix_mode=full", *_FOCUS],

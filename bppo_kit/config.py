@@ -10,9 +10,10 @@ from pathlib import Path
 import yaml
 
 # %% auto #0
-__all__ = ['MOVED', 'PRESETS', 'param', 'ModelConfig', 'DataConfig', 'RolloutConfig', 'AlgoConfig', 'moved_to', 'TrainConfig',
-           'SFTConfig', 'Config', 'ConfigError', 'check_value', 'validate', 'set_value', 'apply_overrides', 'to_dict',
-           'from_dict', 'save_config', 'load_config', 'get_config', 'data_dir', 'shared_data_dir']
+__all__ = ['MOVED', 'RENAMED', 'PRESETS', 'param', 'ModelConfig', 'DataConfig', 'RolloutConfig', 'AlgoConfig', 'moved_to',
+           'TrainConfig', 'SFTConfig', 'Config', 'ConfigError', 'check_value', 'validate', 'set_value',
+           'apply_overrides', 'to_dict', 'from_dict', 'save_config', 'load_config', 'get_config', 'data_dir',
+           'shared_data_dir']
 
 # %% ../nbs/00_config.ipynb #830162a0
 def param(default, # the field's default value
@@ -120,6 +121,10 @@ MOVED = {  # old `algo.X` -> (the algorithms that own X now, X's default before)
                                      value_clip_high=0.6).items()},
     "keep": (("cppo", "pods", "gfpo"), 2), "gfpo_rule": (("gfpo",), "shortest"),
     "token_frac": (("nat", "nat_rpc"), 0.5)}
+# ... and the three whose name changed on the way (`budget` now means only a run's cost: `train.budget`)
+RENAMED = dict(budget="length_cap", budget_explore="length_explore", budget_slack="length_slack")
+# (algorithm, field) -> its default
+_DEFAULTS = {(n, RENAMED.get(k, k)): d for k, (owners, d) in MOVED.items() for n in owners}
 
 def moved_to(key: str, algo: str) -> str:
     "The algorithm whose settings an old `algo.KEY` sets: the run's `algo` if it owns KEY, else the first"
@@ -229,10 +234,10 @@ def validate(cfg: Config) -> Config:
     "Check every field of `cfg` against its type and range; raise `ConfigError` naming the first bad one"
     # old `algo.X` keys, now that `algo.name` is final
     for k, v in cfg.algo.__dict__.pop("_moved", {}).items():
-        cfg.algo.settings.setdefault(moved_to(k, cfg.algo.name), {})[k] = v
+        cfg.algo.settings.setdefault(moved_to(k, cfg.algo.name), {})[RENAMED.get(k, k)] = v
     # a built-in algorithm's setting at its default is not kept: equal runs have equal configs, however spelled
     cfg.algo.settings = {n: kept for n, given in cfg.algo.settings.items() if (kept := {
-        k: v for k, v in given.items() if not (k in MOVED and n in MOVED[k][0] and v == MOVED[k][1])})}
+        k: v for k, v in given.items() if not ((n, k) in _DEFAULTS and v == _DEFAULTS[n, k])})}
     for sec in fields(cfg):
         part = getattr(cfg, sec.name)
         for f in fields(part):
@@ -256,9 +261,9 @@ def set_value(cfg: Config, key: str, value) -> Config:
     parts = key.split(".")
     names = [f"{s.name}.{f.name}" for s in fields(cfg) for f in fields(getattr(cfg, s.name))]
     if len(parts) == 2 and parts[0] == "algo" and parts[1] in MOVED:  # an old key: `validate` places it
-        owners = " and ".join(MOVED[parts[1]][0])
-        warnings.warn(f"{key} is now algo.NAME.{parts[1]}, the own setting of {owners}; the old key "
-                      "still works", FutureWarning, stacklevel=3)
+        owners, new = " and ".join(MOVED[parts[1]][0]), RENAMED.get(parts[1], parts[1])
+        warnings.warn(f"{key} is now algo.NAME.{new}, the own setting of {owners}; the old key still works",
+                      FutureWarning, stacklevel=3)
         cfg.algo.__dict__.setdefault("_moved", {})[parts[1]] = value
         return cfg
     if len(parts) == 3 and parts[0] == "algo" and f"algo.{parts[1]}" not in names and parts[1] and parts[2]:

@@ -166,7 +166,7 @@ class Algorithm:
 
     def collect(self, step: int, sampler) -> tuple[list[TrainItem], dict]:
         "This process's train items and the step's metrics: a scored group rollout, handed to `prepare`"
-        rollout, metrics = sampler.groups(step, self.on_finish, self.budget(step))  # the whole step
+        rollout, metrics = sampler.groups(step, self.on_finish, self.length_cap(step))  # the whole step
         items, more = self.prepare(rollout, step)
         return sampler.deal(items), {**metrics, **more}  # this process trains its deal of the items
 
@@ -181,7 +181,7 @@ class Algorithm:
         return clipped_surrogate(logp, old_logp, adv, self.cfg.algo.eps_low, self.cfg.algo.eps_high)
 
     def on_finish(self, examples: list[Example]): return None  # the engine's callback as each completion ends
-    def budget(self, step: int) -> int | None: return None  # the step's max_new_tokens; None: the config's
+    def length_cap(self, step: int) -> int | None: return None  # this step's max_new_tokens; None: config's
     def after_update(self, pad_id: int) -> dict: return {}  # after the optimizer step (a critic's); metrics
     def distribute(self, dist): return None  # scale-out: wrap your own trained models with `dist.prepare`
     def state_dict(self) -> dict | None: return None  # your own state for checkpoints, if any

@@ -242,11 +242,11 @@ def decode(self: SlotModel, cur: list[int], pos: list[int]) -> torch.Tensor:
 # %% ../nbs/07b_kit_engine.ipynb #20c728b0
 @dataclass(slots=True)
 class Slot:
-    ("A busy decoding slot: request `req`, feeding token `cur` at position `pos` next; `budget` tokens left "
+    ("A busy decoding slot: request `req`, feeding token `cur` at position `pos` next; `left` tokens left "
      "in this call")
     req: int  # index of the request in the run's list
     pos: int
-    budget: int
+    left: int
     cur: int = -1
     toks: list[int] = field(default_factory=list)  # generated in this call
     lps: list[float] = field(default_factory=list)  # their log-probs
@@ -312,7 +312,7 @@ def admit_waiting(b: Batch, limit: int) -> tuple[int, torch.Tensor] | None:
     # each slot feeds its first sampled token next, at the position after its sequence
     for i, x in zip(new, ids):
         left = b.sp.max_new_tokens - len(b.requests[i].prefix)
-        b.slots.append(Slot(i, pos=len(x) - 1, budget=min(b.window or b.sp.max_new_tokens, left)))
+        b.slots.append(Slot(i, pos=len(x) - 1, left=min(b.window or b.sp.max_new_tokens, left)))
     return first, logits
 
 # %% ../nbs/07b_kit_engine.ipynb #3382106a
@@ -346,7 +346,7 @@ def accept_tokens(b: Batch, first: int, logits: torch.Tensor) -> tuple[list[int]
     for j, (s, r, x, l) in enumerate(zip(ss, rq, nxt.tolist(), lp.tolist())):
         s.toks.append(x)
         s.lps.append(l)
-        s.budget -= 1
+        s.left -= 1
         s.cur = x
         s.pos += 1
         if x in b.stop:
@@ -355,7 +355,7 @@ def accept_tokens(b: Batch, first: int, logits: torch.Tensor) -> tuple[list[int]
         elif len(r.prefix) + len(s.toks) >= sp.max_new_tokens:
             done.append(first + j)
             why.append("length")
-        elif s.budget <= 0:
+        elif s.left <= 0:
             done.append(first + j)
             why.append("window")
     return done, why

@@ -22,7 +22,7 @@ __all__ = ['GIB', 'KNOWN_SHAPES', 'CONTEXT_GIB', 'SHARDS', 'SAMPLING_COPIES', 'R
            'MERGE_COPIES', 'SETUPS', 'model_config', 'Arch', 'arch_of', 'layer_activations', 'shared_activations',
            'chunked_tiles', 'loss_path', 'update_moments', 'LiveBytes', 'train_items', 'measure_update', 'dtype_bytes',
            'loss_kernel_on', 'kv_bytes_per_token', 'step_sizes', 'Row', 'state_rows', 'update_rows', 'sync_row',
-           'engine_rows', 'Plan', 'budget', 'with_values', 'advise', 'plan', 'check_fits', 'presets_table']
+           'engine_rows', 'Plan', 'memory_rows', 'with_values', 'advise', 'plan', 'check_fits', 'presets_table']
 
 # %% ../nbs/21_plan.ipynb #57e19105
 GIB = 2 ** 30
@@ -465,7 +465,7 @@ class Plan:
         return "\n".join(out + [line("peak", self.peak, f"of {self.gpu_bytes / GIB:.1f} GiB: {verdict}")])
 
 # %% ../nbs/21_plan.ipynb #791d32d5
-def budget(cfg: Config, a: Arch, gpus: int = 1, gpu_bytes: int = 80 * GIB, shard: str = "ddp",
+def memory_rows(cfg: Config, a: Arch, gpus: int = 1, gpu_bytes: int = 80 * GIB, shard: str = "ddp",
            device: str = "cuda") -> tuple[list[Row], dict, dict, EngineMemory]:
     "(rows, the two phases' peaks, the update's moments, what the engine holds) per GPU"
     state = state_rows(cfg, a, gpus, shard)
@@ -503,7 +503,7 @@ def _tries(cfg: Config, phase: str, engine: EngineMemory) -> list[tuple[str, obj
 def advise(cfg: Config, a: Arch, gpus: int = 1, gpu_bytes: int = 80 * GIB, shard: str = "ddp",
            device: str = "cuda") -> str:
     "'' when `cfg` fits; else one line naming the field to change, and a value that fits"
-    at = lambda c: budget(c, a, gpus, gpu_bytes, shard, device)
+    at = lambda c: memory_rows(c, a, gpus, gpu_bytes, shard, device)
     _, phases, _, eng = at(cfg)
     if eng.problem: return eng.problem  # e.g. vLLM will not start without room for one whole sequence
     gib = lambda b: f"{b / GIB:.1f} GiB"
@@ -533,7 +533,7 @@ def plan(cfg: Config, # the run's validated config
     m = cfg.model
     a = arch_of(hf_config if hf_config is not None else model_config(m.name_or_path), m.lora_r, m.lora_target)
     gpu_bytes = int(gpu_memory_gb * GIB)
-    rows, phases, moments, eng = budget(cfg, a, gpus, gpu_bytes, shard, device)
+    rows, phases, moments, eng = memory_rows(cfg, a, gpus, gpu_bytes, shard, device)
     seq, seqs, B, n = step_sizes(cfg, gpus)
     how = f"{gpus} x {gpu_memory_gb:g} GiB ({shard})" if gpus > 1 else f"1 x {gpu_memory_gb:g} GiB"
     title = (f"{m.name_or_path} on {how}: {seqs} sequences per GPU of up to "

@@ -5,7 +5,7 @@ import warnings
 from dataclasses import fields, MISSING
 import pytest, yaml
 import bppo_kit.algorithms  # noqa: F401  (registers the built-ins and their settings)
-from bppo_kit.config import (MOVED, AlgoConfig, Config, ConfigError, apply_overrides, check_value, get_config,
+from bppo_kit.config import (MOVED, RENAMED, AlgoConfig, Config, ConfigError, apply_overrides, check_value, get_config,
                              load_config, moved_to)
 from bppo_kit.core import SETTINGS, algo_settings, make_algorithm
 
@@ -22,15 +22,16 @@ def other_value(f):
 
 def owned():
     "(old key, an owner, the owner's field) for every moved key and each of its owners"
-    return [(k, n, next(f for f in fields(SETTINGS[n]) if f.name == k)) for k, (owners, _) in MOVED.items()
-            for n in owners]
+    return [(k, n, next(f for f in fields(SETTINGS[n]) if f.name == RENAMED.get(k, k)))
+            for k, (owners, _) in MOVED.items() for n in owners]
 
 
 def test_algo_config_keeps_twelve_fields_and_each_setting_has_one_home():
     names = {f.name for f in fields(AlgoConfig)}
     assert len(names) <= 12 and not names & set(MOVED)
     own = {f.name for cls in SETTINGS.values() for f in fields(cls) if cls.__module__.startswith("bppo_kit")}
-    assert own == set(MOVED)  # every built-in setting can still be set by its old flat key
+    assert own == {RENAMED.get(k, k) for k in MOVED}  # every built-in setting can still be set by its old flat key
+    assert set(RENAMED) <= set(MOVED) and not set(RENAMED.values()) & set(MOVED)
 
 
 @pytest.mark.parametrize("key,owner,f", owned(), ids=lambda x: x if isinstance(x, str) else "")
@@ -41,10 +42,10 @@ def test_old_default_is_the_settings_default(key, owner, f):
 @pytest.mark.parametrize("key,owner,f", owned(), ids=lambda x: x if isinstance(x, str) else "")
 def test_old_flat_key_gives_the_new_keys_config(key, owner, f, tmp_path):
     v = other_value(f)
-    new = get_config("cpu-demo", overrides=[f"algo.name={owner}", f"algo.{owner}.{key}={v}"])
-    with pytest.warns(FutureWarning, match=f"algo.{key} is now algo.NAME.{key}"):
+    new = get_config("cpu-demo", overrides=[f"algo.name={owner}", f"algo.{owner}.{f.name}={v}"])
+    with pytest.warns(FutureWarning, match=f"algo.{key} is now algo.NAME.{f.name}"):
         old = get_config("cpu-demo", overrides=[f"algo.{key}={v}", f"algo.name={owner}"])  # either order
-    assert old == new and getattr(algo_settings(old), key) == v
+    assert old == new and getattr(algo_settings(old), f.name) == v
     (tmp_path / "old.yaml").write_text(yaml.safe_dump({"algo": {"name": owner, key: v}}))
     with pytest.warns(FutureWarning):
         assert load_config(tmp_path / "old.yaml", get_config("cpu-demo")) == new

@@ -4,7 +4,7 @@ import importlib.util
 from pathlib import Path
 import pytest, torch
 from conftest import ROOT
-from bppo_kit.bppo import progress_budget
+from bppo_kit.bppo import progress_length_cap
 from bppo_kit.compare import compare
 from bppo_kit.report import accuracy_curve, crossing, subset_curve
 from bppo_kit.config import data_dir, get_config
@@ -50,15 +50,15 @@ def test_parity_gives_grpo_gradient_scale(tmp_path):
     assert {r["grad_clipped"] for r in (grpo, own, par)} <= {0.0, 1.0}
 
 @needs_tiny
-def test_progress_budget_in_the_loop(tmp_path):
+def test_progress_length_cap_in_the_loop(tmp_path):
     "With no exploration and no slack, step 1's budget is ~ step 0's correct lengths, and it is logged"
-    ov = SMALL + ["algo.name=bppo", "algo.bppo.budget=progress", "algo.bppo.budget_explore=0",
-                  "algo.bppo.budget_slack=0", "train.steps=2", f"train.out={tmp_path / 'p'}"]
+    ov = SMALL + ["algo.name=bppo", "algo.bppo.length_cap=progress", "algo.bppo.length_explore=0",
+                  "algo.bppo.length_slack=0", "train.steps=2", f"train.out={tmp_path / 'p'}"]
     train(get_config("cpu-demo", overrides=ov), progress=False, evaluate_every=False)
     rows = read_jsonl_rows(tmp_path / "p" / "metrics.jsonl")
     assert rows[0]["max_new_tokens"] == 160  # nothing seen yet: the configured budget
     assert rows[0]["accuracy"] > 0 and rows[1]["max_new_tokens"] < 160
-    assert progress_budget(1, 2, [10] * 3, 160, 0.0, 0.0) == 16  # (the rule's floor)
+    assert progress_length_cap(1, 2, [10] * 3, 160, 0.0, 0.0) == 16  # (the rule's floor)
 
 @needs_tiny
 def test_compare_target_is_the_baselines_final_accuracy(tmp_path):
