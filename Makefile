@@ -35,7 +35,7 @@ check-export: install  ## the committed bppo_kit/ must equal a fresh nbdev-expor
 
 # two workers, each on one core (OMP_NUM_THREADS=1): 2.7x faster than one worker on two threads
 # TMPDIR: a folder of this run's own, removed after it. nbdev-test's workers end without running exit handlers, so the
-# lessons' TemporaryDirectory folders (runs, checkpoints: GBs over the suite) would otherwise stay in /tmp.
+# lessons' TemporaryDirectory folders (runs, checkpoints) would otherwise stay in /tmp after every run.
 lessons: install  ## run every lesson notebook as a test (gpu and slow cells skipped)
 	@tmp=$$(mktemp -d); status=0; \
 	OMP_NUM_THREADS=1 TMPDIR=$$tmp $(BIN)/nbdev-test --n-workers 2 --timing || status=1; \
@@ -43,13 +43,15 @@ lessons: install  ## run every lesson notebook as a test (gpu and slow cells ski
 
 # Tests not marked `serial` run in 2 pytest-xdist workers; then the serial ones alone (several processes, a browser,
 # GBs, a time bound); then the 15 slowest of both, so that growth is seen. Property tests draw the same cases every run
-# (the Hypothesis profile "ci" in tests/conftest.py).
+# (the Hypothesis profile "ci" in tests/conftest.py). TMPDIR: a folder of the run's own (subprocesses and killed
+# kernels leave theirs behind), removed when every test passed, kept and named when one failed.
 TIMES := runs/test-times
 pytest: install  ## every test: the parallel ones in 2 workers, the serial ones alone, then the 15 slowest
 	@rm -rf $(TIMES) && mkdir -p $(TIMES)
-	@status=0; \
+	@tmp=$$(mktemp -d); export TMPDIR=$$tmp; status=0; \
 	$(BIN)/python -m pytest -q tests -n 2 --dist worksteal -m "not serial" --junitxml=$(TIMES)/parallel.xml || status=1; \
 	$(BIN)/python -m pytest -q tests -m serial --junitxml=$(TIMES)/serial.xml || status=1; \
+	if [ $$status = 0 ]; then rm -rf $$tmp; else echo "the tests' temporary folders are kept in $$tmp"; fi; \
 	$(BIN)/python tools/slowest.py $(TIMES)/*.xml; exit $$status
 
 pytest-fast: install  ## the pytest suite without the tests marked slow (minutes each)
