@@ -770,6 +770,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                   'bppo_kit.trainer.build_engine': ('trainer.html#build_engine', 'bppo_kit/trainer.py'),
                                   'bppo_kit.trainer.check_algorithm': ('trainer.html#check_algorithm', 'bppo_kit/trainer.py'),
                                   'bppo_kit.trainer.check_budget': ('trainer.html#check_budget', 'bppo_kit/trainer.py'),
+                                  'bppo_kit.trainer.check_disk': ('trainer.html#check_disk', 'bppo_kit/trainer.py'),
                                   'bppo_kit.trainer.check_gpu_memory': ('trainer.html#check_gpu_memory', 'bppo_kit/trainer.py'),
                                   'bppo_kit.trainer.check_precision': ('trainer.html#check_precision', 'bppo_kit/trainer.py'),
                                   'bppo_kit.trainer.check_run': ('trainer.html#check_run', 'bppo_kit/trainer.py'),

@@ -4,7 +4,7 @@
 
 # %% ../nbs/24_trainer.ipynb #e962ff92
 from __future__ import annotations
-import copy, inspect, random, signal, threading, time
+import copy, inspect, random, shutil, signal, threading, time
 from dataclasses import dataclass, field
 from pathlib import Path
 import numpy as np
@@ -20,8 +20,9 @@ from .plan import check_fits, model_config
 from .policy import (DTYPES, add_lora, copy_weights, fitting_prompts, generation_copy, is_peft,
                              load_policy)
 from .rewards import Task
-from .runs import (RunDir, append_jsonl, load_trainer_state, open_run, read_jsonl_rows, rng_state,
-                           save_checkpoint, set_rng_state, truncate_metrics)
+from .runs import (RunDir, append_jsonl, checkpoint_bytes, load_trainer_state, open_run,
+                           read_jsonl_rows, rng_state, save_checkpoint, set_rng_state, tree_bytes,
+                           truncate_metrics)
 from .sampler import Sampler, make_engine, step_seed
 from .tracking import Reporter, check_trackers
 from .update import check_fused_head, update
@@ -29,10 +30,10 @@ import bppo_kit.algorithms  # noqa: F401 -- the built-in algorithms register by 
 
 # %% auto #0
 __all__ = ['COSTS', 'lr_at', 'device_of', 'Session', 'own_state', 'check_precision', 'check_gpu_memory', 'with_lora',
-           'start_policy', 'load_for_training', 'make_optimizer', 'build_engine', 'setup', 'merge_histograms',
-           'step_costs', 'pass_histogram', 'train_step', 'evaluate_step', 'eval_examples_of', 'check_algorithm',
-           'check_run', 'open_run_on', 'rows_after', 'run_cost', 'end_of_run', 'check_budget', 'RunLog', 'run_steps',
-           'train']
+           'start_policy', 'load_for_training', 'make_optimizer', 'build_engine', 'setup', 'check_disk',
+           'merge_histograms', 'step_costs', 'pass_histogram', 'train_step', 'evaluate_step', 'eval_examples_of',
+           'check_algorithm', 'check_run', 'open_run_on', 'rows_after', 'run_cost', 'end_of_run', 'check_budget',
+           'RunLog', 'run_steps', 'train']
 
 # %% ../nbs/24_trainer.ipynb #ef0a4107
 def lr_at(step: int, lr: float, warmup_steps: int = 0) -> float:
@@ -197,6 +198,21 @@ def setup(cfg: Config, run: RunDir, resume: bool = False, dist: Dist | None = No
     # an engine with its own weights loaded them from `model.name_or_path`: a checkpoint or a given policy is not that
     if engine.caps.own_weights and (state is not None or policy is not None): s.refresh_engine()
     return s
+
+# %% ../nbs/24_trainer.ipynb #d15c0002
+def check_disk(cfg: Config, run: RunDir, policy=None, # `policy`: a given `(model, tokenizer)`, if any
+               free: int | None = None): # bytes free under `train.out` (None: the disk's)
+    "Before anything loads: a one-line `ConfigError` when `train.out`'s disk cannot hold a checkpoint"
+    try: hf = policy[0].config if policy is not None else model_config(cfg.model.name_or_path)
+    except ConfigError: return  # a hub id neither cached nor of a known shape: nothing to size it from
+    m = cfg.model
+    need = checkpoint_bytes(hf, m.lora_r, m.lora_alpha, m.lora_target)["total"]
+    have = (shutil.disk_usage(run.root).free if free is None else free) + tree_bytes(run.checkpoint)
+    if have < need:
+        raise ConfigError(f"train.out: {run.root} has {have / 2**30:.2f} GiB free and a checkpoint of "
+                          f"this run takes {need / 2**30:.2f} GiB (float32 weights and AdamW's moments); "
+                          "free some space or point train.out at a larger disk")
+
 
 # %% ../nbs/24_trainer.ipynb #bd3dfd9d
 def merge_histograms(hists: list[dict]) -> dict:
@@ -440,6 +456,7 @@ def train(cfg: Config, # the validated config
     dist = init_dist(cfg, cpu=device_of(cfg) == "cpu")  # several processes when a launcher started them
     if device_of(cfg) == "cuda": check_gpu_memory(cfg, dist, policy)  # `bppo plan`'s verdict, before any load
     run = open_run_on(dist, cfg, resume, overwrite)
+    if dist.main: check_disk(cfg, run, policy)
     s = setup(cfg, run, resume, dist, task, policy)
     eval_set, evals = eval_examples_of(cfg, task, s.tok), rows_after(dist, run, s.start)
     reporter = Reporter(cfg, run.root) if dist.main else None  # `train.report_to`: dashboards

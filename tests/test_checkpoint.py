@@ -217,6 +217,21 @@ def test_trainer_resumes_a_checkpoint_rewritten_in_place_and_refuses_a_mix(tmp_p
               evaluate_every=False)
 
 
+@pytest.mark.skipif(not (data_dir() / "tiny_policy" / "config.json").exists(), reason="needs the shipped policy")
+def test_train_refuses_a_disk_too_small_for_its_checkpoint_before_training(tmp_path, monkeypatch):
+    "With less free than a checkpoint (`checkpoint_bytes`) under train.out, `train` stops in one line, untrained"
+    import shutil
+    from bppo_kit.trainer import train
+    from bppo_kit.plan import model_config
+    need = checkpoint_bytes(model_config("tiny"))["total"]
+    real = shutil.disk_usage
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: real(p)._replace(free=need // 2))
+    cfg = get_config("cpu-demo", overrides=["train.steps=1", f"train.out={tmp_path / 'r'}"])
+    with pytest.raises(ConfigError, match=r"train.out: .* GiB free and a checkpoint of this run takes"):
+        train(cfg, progress=False, evaluate_every=False)
+    assert not (tmp_path / "r" / "metrics.jsonl").exists() and not (tmp_path / "r" / "checkpoint").exists()
+
+
 def test_interrupted_train_says_what_the_checkpoint_holds(tmp_path, monkeypatch, capsys):
     "`bppo train` stopped by Ctrl-C reports no checkpoint, the step it holds, or a half-rewritten one, in one line"
     import bppo_kit.api as api
