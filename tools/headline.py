@@ -17,6 +17,8 @@ HEADER = ("| claim | design, n | unit of cost | estimate: accuracy in % or point
 GRPO_BPPO = "[GRPO and BPPO](docs/results/grpo_bppo.md)"
 TPPO = "[T-PPO](docs/results/tppo.md)"
 COST = "[Cost on a GPU](docs/results/cost.md)"
+FAMILY = "[BPPO's family](docs/results/family.md)"
+STEPS = "decoding passes (40 steps each)"
 # one row per claim: its words, the report, the arm, the metric, how the estimate reads, its unit and its page
 ROWS = [
     dict(claim="GRPO (`grpo`, 60 steps), the baseline: final accuracy", report="bppo-vs-grpo", arm="grpo",
@@ -40,13 +42,20 @@ ROWS = [
          "the same oversampling and LM loss), at equal decoding passes", report="tppo-vs-ppo/vs-ppo_fair",
          arm="tppo_recipe_nowarm", metric="final_accuracy", kind="points", unit="decoding passes", page=TPPO,
          same=True),
+    dict(claim="GRPO (`grpo`, 40 steps), the baseline of BPPO's peers: final accuracy", report="family", arm="grpo",
+         metric="final_accuracy", kind="arm_pct", unit=STEPS, page=FAMILY),
+    dict(claim="BPPO (`bppo`), at GRPO's steps, matches GRPO's final accuracy", report="family", arm="bppo",
+         metric="final_accuracy", kind="points", unit=STEPS, page=FAMILY, same=True),
+    dict(claim="CPPO (`cppo`: the 2 of 8 of largest \\|advantage\\|), at GRPO's steps, matches it", report="family",
+         arm="cppo", metric="final_accuracy", kind="points", unit=STEPS, page=FAMILY, same=True),
+    dict(claim="…and on a GPU its run costs less", report="family", arm="cppo", metric="total_gpu_s", kind="ratio_s",
+         unit="GPU s, predicted (Qwen2.5-1.5B, H100)", page=COST, same=True, predicted=True),
+    dict(claim="PODS (`pods`: the 2 of 8 of most reward variance), at GRPO's steps, matches it", report="family",
+         arm="pods", metric="final_accuracy", kind="points", unit=STEPS, page=FAMILY, same=True),
+    dict(claim="2-GRPO (`grpo_g2`: groups of 2, as many completions), at GRPO's steps, matches it", report="family",
+         arm="grpo_g2", metric="final_accuracy", kind="points", unit=STEPS, page=FAMILY, same=True),
 ]
-# rows no committed report backs yet (earlier, choosing designs), kept as they are until their comparison runs
-LEGACY = [
-    "| BPPO's peers (CPPO, PODS, GFPO, 2-GRPO, prefix-only) differ from GRPO | `cpu-demo`, 40 steps, choosing, seeds "
-    "0–2 | steps | none distinguishable; the design detects only about 12.5 points | **inconclusive** | "
-    "[BPPO's family](docs/results/family.md) |",
-]
+LEGACY: list[str] = []  # rows no committed report backs (none now: every row has its comparison)
 
 
 def num(x: float, digits: int = 1) -> str:
