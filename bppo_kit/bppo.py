@@ -132,10 +132,10 @@ def parity_factor(items: list[TrainItem], r: Rollout, # BPPO's train items of ro
 LENGTH_WINDOW = 5  # steps of correct response lengths that `progress_length_cap` looks at
 
 def progress_length_cap(step: int, steps: int, # this step, and the run's length
-                    correct_lengths: list[int], # the correct responses' lengths of the last steps
-                    max_new: int, # the configured cap (`rollout.max_new_tokens`)
-                    # `algo.bppo.length_explore`, `algo.bppo.length_slack`
-                    explore: float = 0.2, slack: float = 1.0) -> int:
+                        correct_lengths: list[int], # the correct responses' lengths of the last steps
+                        max_new: int, # the configured cap (`rollout.max_new_tokens`)
+                        # `algo.bppo.length_explore`, `algo.bppo.length_slack`
+                        explore: float = 0.2, slack: float = 1.0) -> int:
     ("The step's length cap: `max_new` while exploring, then ~ the recent correct lengths with "
      "shrinking headroom")
     p = step / max(steps, 1)
@@ -163,9 +163,8 @@ class BPPOSettings:
     # "own" divides the pair's loss by its own prefix tokens; "grpo" by what GRPO would divide the same rollout by
     # (every completion's tokens), so both methods train at the same gradient scale (issue 18)
     loss_scale: str = param("own", choices=["own", "grpo"])
-    # the cap on response lengths. fixed: rollout.max_new_tokens on every step;
-    # progress: that cap while exploring
-    # (the first length_explore of training), then ~ the recent correct responses' lengths, tightening
+    # the cap on response lengths. fixed: rollout.max_new_tokens on every step; progress: that cap for the first
+    # length_explore of training, then ~ the recent correct responses' lengths, tightening
     length_cap: str = param("fixed", choices=["fixed", "progress"])
     length_explore: float = param(0.2, ge=0, le=1)  # share of training at the configured cap
     # headroom over recent correct lengths as focusing starts (x1.1 at the end)
@@ -239,7 +238,7 @@ def length_cap(self: BPPO, step: int) -> int | None:
     a = self.settings
     if a.length_cap == "fixed": return None
     return progress_length_cap(step, self.cfg.train.steps, [n for s in self.recent for n in s],
-                           self.cfg.rollout.max_new_tokens, a.length_explore, a.length_slack)
+                               self.cfg.rollout.max_new_tokens, a.length_explore, a.length_slack)
 
 @patch
 def state_dict(self: BPPO) -> dict | None:

@@ -242,8 +242,8 @@ def decode(self: SlotModel, cur: list[int], pos: list[int]) -> torch.Tensor:
 # %% ../nbs/07b_kit_engine.ipynb #20c728b0
 @dataclass(slots=True)
 class Slot:
-    ("A busy decoding slot: request `req`, feeding token `cur` at position `pos` next; `left` tokens left "
-     "in this call")
+    ("A busy decoding slot: request `req`, feeding token `cur` at position `pos` next; at most `left` more "
+     "tokens in this call")
     req: int  # index of the request in the run's list
     pos: int
     left: int
