@@ -618,6 +618,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                  'bppo_kit.report.subset_curve': ('report.html#subset_curve', 'bppo_kit/report.py'),
                                  'bppo_kit.report.target_table': ('report.html#target_table', 'bppo_kit/report.py'),
                                  'bppo_kit.report.units_table': ('report.html#units_table', 'bppo_kit/report.py'),
+                                 'bppo_kit.report.verdict_figure': ('report.html#verdict_figure', 'bppo_kit/report.py'),
                                  'bppo_kit.report.verdict_table': ('report.html#verdict_table', 'bppo_kit/report.py'),
                                  'bppo_kit.report.write_report': ('report.html#write_report', 'bppo_kit/report.py')},
             'bppo_kit.rewards': { 'bppo_kit.rewards.Task': ('rewards.html#task', 'bppo_kit/rewards.py'),

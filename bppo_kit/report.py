@@ -16,7 +16,7 @@ __all__ = ['LOAD_MARGIN', 'COST_UNITS', 'FRACTIONS', 'TOLERANCES', 'DESCRIBED', 
            'accuracy_curve', 'interpolate', 'subset_curve', 'crossing', 'against_baseline', 'run_summary', 'runs_of',
            'cost_to_target', 'is_accuracy', 'metric_values', 'arms_and_contrasts', 'verdict_table', 'units_table',
            'fractions_table', 'target_table', 'responses_table', 'report_head', 'compare_figure', 'equal_cost_figure',
-           'build_report', 'write_report']
+           'build_report', 'verdict_figure', 'write_report']
 
 # %% ../nbs/25c_report.ipynb #44b602f9
 LOAD_MARGIN = 0.5  # a load above the cores by more than this flags the run's wall times
@@ -416,10 +416,42 @@ def build_report(runs: dict[str, dict[int, Path]], design: dict, chosen: dict | 
                 flags=[str(p) for seeds in runs.values() for p in seeds.values() if loaded(p)],
                 chosen={n: s for n, s in shown.items() if s}, eval_noise=noise)
 
+# %% ../nbs/25c_report.ipynb #7e4d1c02
+def verdict_figure(rep: dict, # a report (`build_report`)
+                   metrics: tuple = ("final_accuracy", "final_tokens")) -> Figure:
+    "Each arm's paired difference from the baseline per metric: every seed, the 95% interval, the verdict"
+    base, con, arms = rep["design"]["baseline"], rep["contrasts"], rep["arms"]
+    ms = [m for m in metrics if any(m in c for c in con.values())]
+    names = [n for n in arms if n != base and any(m in con.get(n, {}) for m in ms)]
+    fig = Figure(figsize=(5.5 * max(len(ms), 1), 0.5 * len(names) + 1.5))
+    for ax, m in zip(fig.subplots(1, max(len(ms), 1), squeeze=False)[0], ms):
+        k = 100 if "accuracy" in m else 1  # accuracies in points
+        b = dict(zip(arms[base][m]["seeds"], arms[base][m]["values"]))
+        for y, n in enumerate(names):
+            if (c := con[n].get(m)) is None: continue
+            col, a = f"C{list(arms).index(n)}", arms[n][m]
+            d = [k * (v - b[s]) for s, v in zip(a["seeds"], a["values"]) if v is not None and b.get(s) is not None]
+            ax.plot(d, [y] * len(d), "o", color=col, alpha=.35, ms=4)
+            lo, hi = (k * x for x in c["ci95"])
+            ax.errorbar([k * c["diff"]], [y], xerr=[[k * c["diff"] - lo], [hi - k * c["diff"]]], fmt="D",
+                        color=col, capsize=4)
+            ax.annotate(c["verdict"], (1.02, y), xycoords=("axes fraction", "data"), va="center", fontsize=8)
+        if k == 100 and rep["design"].get("margin"):
+            ax.axvspan(-100 * rep["design"]["margin"], 100 * rep["design"]["margin"], color="grey", alpha=.15)
+        ax.axvline(0, color="k", lw=1)
+        ax.set_yticks(range(len(names)), names)
+        ax.set_ylim(len(names) - .5, -.5)
+        ax.set_xlabel(f"{m.replace('_', ' ')}: arm − {base}" + (" (points)" if k == 100 else ""), fontsize=9)
+        ax.grid(alpha=.3, axis="x")
+    fig.suptitle(f"paired by seed against {base}: each seed a dot, the mean and its 95% interval", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
 # %% ../nbs/25c_report.ipynb #3b798594
 def write_report(out: Path, runs: dict[str, dict[int, Path]], # arm -> seed -> run folder
                  design: dict, chosen: dict | None = None) -> dict:
-    "`report.json`, `report.md`, `compare.png` (with a budget `equal_cost.png`) of finished runs; the report"
+    "`report.json`, `report.md`, `verdicts.png`, `compare.png` (a budget: `equal_cost.png`) of finished runs"
     rep = build_report(runs, design, chosen)
     payer = design.get("budget_of", design["baseline"])  # whose budget it was
     curve = rep["curve"] or {}
@@ -427,6 +459,7 @@ def write_report(out: Path, runs: dict[str, dict[int, Path]], # arm -> seed -> r
     u, arms, flagged = design["unit"], rep["arms"], {n for n, s in runs.items() if any(str(p) in rep["flags"]
                                                                                         for p in s.values())}
     lines = report_head(rep) + ["## Verdicts", ""] + verdict_table(arms, rep["contrasts"], rep["design"])
+    lines += ["", "![verdicts](verdicts.png)"]
     if design.get("budget"):
         share, name = design.get("budget_fraction") or 1.0, UNIT_NAMES[design["budget"]]
         at = "" if share == 1 else f"{share:g}x "
@@ -451,6 +484,7 @@ def write_report(out: Path, runs: dict[str, dict[int, Path]], # arm -> seed -> r
     (out / "report.md").write_text("\n".join(lines))
     lists = {n: list(s.values()) for n, s in runs.items()}
     compare_figure(lists).savefig(out / "compare.png", dpi=80)
+    verdict_figure(rep).savefig(out / "verdicts.png", dpi=80)
     if design.get("budget"):
         lists = {n: lists[n] for n in [payer, *(n for n in lists if n != payer)]}  # its budget line first
         equal_cost_figure(lists, design["budget"]).savefig(out / "equal_cost.png", dpi=80)
