@@ -46,8 +46,9 @@ ROWS = [
          metric="final_accuracy", kind="arm_pct", unit=STEPS, page=FAMILY),
     dict(claim="BPPO (`bppo`), at GRPO's steps, matches GRPO's final accuracy", report="family", arm="bppo",
          metric="final_accuracy", kind="points", unit=STEPS, page=FAMILY, same=True),
-    dict(claim="CPPO (`cppo`: the 2 of 8 of largest \\|advantage\\|), at GRPO's steps, matches it", report="family",
-         arm="cppo", metric="final_accuracy", kind="points", unit=STEPS, page=FAMILY, same=True),
+    dict(claim="CPPO (`cppo`: the quarter of a step's completions of largest \\|advantage\\|), at GRPO's steps, "
+         "matches it", report="family", arm="cppo", metric="final_accuracy", kind="points", unit=STEPS, page=FAMILY,
+         same=True),
     dict(claim="…and on a GPU its run costs less", report="family", arm="cppo", metric="total_gpu_s", kind="ratio_s",
          unit="GPU s, predicted (Qwen2.5-1.5B, H100)", page=COST, same=True, predicted=True),
     dict(claim="PODS (`pods`: the 2 of 8 of most reward variance), at GRPO's steps, matches it", report="family",
