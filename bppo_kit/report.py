@@ -432,7 +432,7 @@ def verdict_figure(rep: dict, # a report (`build_report`)
             col, a = f"C{list(arms).index(n)}", arms[n][m]
             d = [k * (v - b[s]) for s, v in zip(a["seeds"], a["values"]) if v is not None and b.get(s) is not None]
             ax.plot(d, [y] * len(d), "o", color=col, alpha=.35, ms=4)
-            lo, hi = (k * x for x in c["ci95"])
+            lo, hi = (k * x for x in c["ci95"] or (c["diff"], c["diff"]))  # one seed: no interval
             ax.errorbar([k * c["diff"]], [y], xerr=[[k * c["diff"] - lo], [hi - k * c["diff"]]], fmt="D",
                         color=col, capsize=4)
             ax.annotate(c["verdict"], (1.02, y), xycoords=("axes fraction", "data"), va="center", fontsize=8)
