@@ -319,12 +319,18 @@ def check_run(cfg: Config):
     check_trackers(cfg)  # a tracker that is not installed
 
 # %% ../nbs/24_trainer.ipynb #351842da
-def open_run_on(dist: Dist, cfg: Config, resume: bool, overwrite: bool) -> RunDir:
-    "`open_run` on the writing process; the others wait for it, and fail with its one line if it fails"
-    if dist.world == 1: return open_run(cfg, resume, overwrite)
+def open_run_on(dist: Dist, cfg: Config, resume: bool, overwrite: bool,
+                policy=None) -> RunDir: # a given `(model, tokenizer)`, for `check_disk`
+    "`open_run` and `check_disk` on the writing process; the rest wait, and fail with its line if it fails"
+    if dist.world == 1:
+        run = open_run(cfg, resume, overwrite)
+        check_disk(cfg, run, policy)
+        return run
     run, err = RunDir(Path(cfg.train.out)), None
     if dist.main:
-        try: run = open_run(cfg, resume, overwrite)
+        try:
+            run = open_run(cfg, resume, overwrite)
+            check_disk(cfg, run, policy)
         except ConfigError as e: err = str(e)
     err = dist.gather(err)[0]  # also a barrier: the folder is ready when the others go on
     if err: raise ConfigError(err)
@@ -455,8 +461,7 @@ def train(cfg: Config, # the validated config
     check_run(cfg)
     dist = init_dist(cfg, cpu=device_of(cfg) == "cpu")  # several processes when a launcher started them
     if device_of(cfg) == "cuda": check_gpu_memory(cfg, dist, policy)  # `bppo plan`'s verdict, before any load
-    run = open_run_on(dist, cfg, resume, overwrite)
-    if dist.main: check_disk(cfg, run, policy)
+    run = open_run_on(dist, cfg, resume, overwrite, policy)  # with `check_disk`
     s = setup(cfg, run, resume, dist, task, policy)
     eval_set, evals = eval_examples_of(cfg, task, s.tok), rows_after(dist, run, s.start)
     reporter = Reporter(cfg, run.root) if dist.main else None  # `train.report_to`: dashboards
