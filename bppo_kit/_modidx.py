@@ -786,6 +786,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                   'bppo_kit.trainer.open_run_on': ('trainer.html#open_run_on', 'bppo_kit/trainer.py'),
                                   'bppo_kit.trainer.own_state': ('trainer.html#own_state', 'bppo_kit/trainer.py'),
                                   'bppo_kit.trainer.pass_histogram': ('trainer.html#pass_histogram', 'bppo_kit/trainer.py'),
+                                  'bppo_kit.trainer.policy_config': ('trainer.html#policy_config', 'bppo_kit/trainer.py'),
                                   'bppo_kit.trainer.rows_after': ('trainer.html#rows_after', 'bppo_kit/trainer.py'),
                                   'bppo_kit.trainer.run_cost': ('trainer.html#run_cost', 'bppo_kit/trainer.py'),
                                   'bppo_kit.trainer.run_steps': ('trainer.html#run_steps', 'bppo_kit/trainer.py'),

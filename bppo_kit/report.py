@@ -426,12 +426,10 @@ def verdict_figure(rep: dict, # a report (`build_report`)
     fig = Figure(figsize=(5.5 * max(len(ms), 1), 0.5 * len(names) + 1.5))
     for ax, m in zip(fig.subplots(1, max(len(ms), 1), squeeze=False)[0], ms):
         k = 100 if "accuracy" in m else 1  # accuracies in points
-        b = dict(zip(arms[base][m]["seeds"], arms[base][m]["values"]))
         for y, n in enumerate(names):
             if (c := con[n].get(m)) is None: continue
-            col, a = f"C{list(arms).index(n)}", arms[n][m]
-            d = [k * (v - b[s]) for s, v in zip(a["seeds"], a["values"]) if v is not None and b.get(s) is not None]
-            ax.plot(d, [y] * len(d), "o", color=col, alpha=.35, ms=4)
+            col = f"C{list(arms).index(n)}"
+            ax.plot([k * d for d in c["diffs"]], [y] * len(c["diffs"]), "o", color=col, alpha=.35, ms=4)
             lo, hi = (k * x for x in c["ci95"] or (c["diff"], c["diff"]))  # one seed: no interval
             ax.errorbar([k * c["diff"]], [y], xerr=[[k * c["diff"] - lo], [hi - k * c["diff"]]], fmt="D",
                         color=col, capsize=4)

@@ -29,8 +29,8 @@ from .update import check_fused_head, update
 import bppo_kit.algorithms  # noqa: F401 -- the built-in algorithms register by name
 
 # %% auto #0
-__all__ = ['COSTS', 'lr_at', 'device_of', 'Session', 'own_state', 'check_precision', 'check_gpu_memory', 'with_lora',
-           'start_policy', 'load_for_training', 'make_optimizer', 'build_engine', 'setup', 'check_disk',
+__all__ = ['COSTS', 'lr_at', 'device_of', 'Session', 'own_state', 'check_precision', 'policy_config', 'check_gpu_memory',
+           'with_lora', 'start_policy', 'load_for_training', 'make_optimizer', 'build_engine', 'setup', 'check_disk',
            'merge_histograms', 'step_costs', 'pass_histogram', 'train_step', 'evaluate_step', 'eval_examples_of',
            'check_algorithm', 'check_run', 'open_run_on', 'rows_after', 'run_cost', 'end_of_run', 'check_budget',
            'RunLog', 'run_steps', 'train']
@@ -101,11 +101,15 @@ def check_precision(cfg: Config):
         raise ConfigError("model.dtype: float16 training needs loss scaling, which the kit does not do; "
                           "use bfloat16 or float32 (evaluation runs in float16)")
 
+def policy_config(cfg: Config, policy=None): # a given `(model, tokenizer)`, if any
+    "The policy's `transformers` config without loading it: the given model's, else `model.name_or_path`'s"
+    return policy[0].config if policy is not None else model_config(cfg.model.name_or_path)
+
 def check_gpu_memory(cfg: Config, dist: Dist, policy=None): # `policy`: a given `(model, tokenizer)`, if any
     ("On CUDA, before anything loads: a one-line `ConfigError` naming the field to change if the run "
      "cannot fit")
     gib = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory / 2**30
-    try: hf = policy[0].config if policy is not None else model_config(cfg.model.name_or_path)
+    try: hf = policy_config(cfg, policy)
     # a hub id neither cached nor of a known shape: nothing to plan from without loading it
     except ConfigError as e:
         print(f"memory not planned: {e}", flush=True)
@@ -203,7 +207,7 @@ def setup(cfg: Config, run: RunDir, resume: bool = False, dist: Dist | None = No
 def check_disk(cfg: Config, run: RunDir, policy=None, # `policy`: a given `(model, tokenizer)`, if any
                free: int | None = None): # bytes free under `train.out` (None: the disk's)
     "Before anything loads: a one-line `ConfigError` when `train.out`'s disk cannot hold a checkpoint"
-    try: hf = policy[0].config if policy is not None else model_config(cfg.model.name_or_path)
+    try: hf = policy_config(cfg, policy)
     except ConfigError: return  # a hub id neither cached nor of a known shape: nothing to size it from
     m = cfg.model
     need = checkpoint_bytes(hf, m.lora_r, m.lora_alpha, m.lora_target)["total"]
