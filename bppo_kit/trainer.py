@@ -326,15 +326,14 @@ def check_run(cfg: Config):
 def open_run_on(dist: Dist, cfg: Config, resume: bool, overwrite: bool,
                 policy=None) -> RunDir: # a given `(model, tokenizer)`, for `check_disk`
     "`open_run` and `check_disk` on the writing process; the rest wait, and fail with its line if it fails"
-    if dist.world == 1:
+    def opened():
         run = open_run(cfg, resume, overwrite)
         check_disk(cfg, run, policy)
         return run
+    if dist.world == 1: return opened()
     run, err = RunDir(Path(cfg.train.out)), None
     if dist.main:
-        try:
-            run = open_run(cfg, resume, overwrite)
-            check_disk(cfg, run, policy)
+        try: run = opened()
         except ConfigError as e: err = str(e)
     err = dist.gather(err)[0]  # also a barrier: the folder is ready when the others go on
     if err: raise ConfigError(err)

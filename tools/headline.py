@@ -19,6 +19,7 @@ TPPO = "[T-PPO](docs/results/tppo.md)"
 COST = "[Cost on a GPU](docs/results/cost.md)"
 FAMILY = "[BPPO's family](docs/results/family.md)"
 STEPS = "decoding passes (40 steps each)"
+GPU = "GPU s, predicted (Qwen2.5-1.5B, H100)"
 # one row per claim: its words, the report, the arm, the metric, how the estimate reads, its unit and its page
 ROWS = [
     dict(claim="GRPO (`grpo`, 60 steps), the baseline: final accuracy", report="bppo-vs-grpo", arm="grpo",
@@ -29,7 +30,7 @@ ROWS = [
     dict(claim="…and at that cost its responses are shorter", report="bppo-vs-grpo", arm="bppo",
          metric="final_tokens", kind="against", unit="final response tokens", page=GRPO_BPPO, same=True),
     dict(claim="…and on a GPU that run costs less", report="bppo-vs-grpo", arm="bppo", metric="total_gpu_s",
-         kind="ratio_s", unit="GPU s, predicted (Qwen2.5-1.5B, H100)", page=COST, same=True, predicted=True),
+         kind="ratio_s", unit=GPU, page=COST, same=True, predicted=True),
     dict(claim="PPO (`ppo`, 16 steps), the baseline: final accuracy", report="tppo-vs-ppo", arm="ppo",
          metric="final_accuracy", kind="arm_pct", unit="decoding passes", page=TPPO),
     dict(claim="T-PPO (`tppo_recipe`), at PPO's decoding passes, is more accurate than PPO", report="tppo-vs-ppo",
@@ -37,7 +38,7 @@ ROWS = [
     dict(claim="…and at PPO's generated tokens", report="tppo-vs-ppo", arm="tppo_recipe",
          metric="accuracy_at_1_generated_tokens", kind="points", unit="generated tokens", page=TPPO, same=True),
     dict(claim="…and on a GPU that run costs less", report="tppo-vs-ppo", arm="tppo_recipe", metric="total_gpu_s",
-         kind="ratio_s", unit="GPU s, predicted (Qwen2.5-1.5B, H100)", page=COST, same=True, predicted=True),
+         kind="ratio_s", unit=GPU, page=COST, same=True, predicted=True),
     dict(claim="T-PPO without the critic warm-up (`tppo_recipe_nowarm`) against PPO on equal footing (`ppo_fair`: "
          "the same oversampling and LM loss), at equal decoding passes", report="tppo-vs-ppo/vs-ppo_fair",
          arm="tppo_recipe_nowarm", metric="final_accuracy", kind="points", unit="decoding passes", page=TPPO,
@@ -51,7 +52,7 @@ ROWS = [
     dict(claim="…and at PPO's generated tokens", report="tppo-vs-ppo-demo", arm="tppo_recipe",
          metric="accuracy_at_1_generated_tokens", kind="points", unit="generated tokens", page=TPPO, same=True),
     dict(claim="…and on a GPU that run costs less", report="tppo-vs-ppo-demo", arm="tppo_recipe",
-         metric="total_gpu_s", kind="ratio_s", unit="GPU s, predicted (Qwen2.5-1.5B, H100)", page=COST, same=True,
+         metric="total_gpu_s", kind="ratio_s", unit=GPU, page=COST, same=True,
          predicted=True),
     dict(claim="GRPO (`grpo`, 40 steps), the baseline of BPPO's peers: final accuracy", report="family", arm="grpo",
          metric="final_accuracy", kind="arm_pct", unit=STEPS, page=FAMILY),
@@ -61,7 +62,7 @@ ROWS = [
          "matches it", report="family", arm="cppo", metric="final_accuracy", kind="points", unit=STEPS, page=FAMILY,
          same=True),
     dict(claim="…and on a GPU its run costs less", report="family", arm="cppo", metric="total_gpu_s", kind="ratio_s",
-         unit="GPU s, predicted (Qwen2.5-1.5B, H100)", page=COST, same=True, predicted=True),
+         unit=GPU, page=COST, same=True, predicted=True),
     dict(claim="PODS (`pods`: the 2 of 8 of most reward variance), at GRPO's steps, matches it", report="family",
          arm="pods", metric="final_accuracy", kind="points", unit=STEPS, page=FAMILY, same=True),
     dict(claim="2-GRPO (`grpo_g2`: groups of 2, as many completions), at GRPO's steps, matches it", report="family",
