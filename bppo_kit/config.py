@@ -4,16 +4,16 @@
 
 # %% ../nbs/00_config.ipynb #e45e1cd1
 from __future__ import annotations
-import difflib, importlib.util, math, os, warnings
+import difflib, importlib.util, math, os, re, warnings
 from dataclasses import dataclass, field, fields, asdict
 from pathlib import Path
 import yaml
 
 # %% auto #0
 __all__ = ['MOVED', 'RENAMED', 'PRESETS', 'param', 'ModelConfig', 'DataConfig', 'RolloutConfig', 'AlgoConfig', 'moved_to',
-           'TrainConfig', 'SFTConfig', 'Config', 'ConfigError', 'check_value', 'validate', 'set_value',
-           'apply_overrides', 'to_dict', 'from_dict', 'save_config', 'load_config', 'get_config', 'data_dir',
-           'shared_data_dir']
+           'TrainConfig', 'SFTConfig', 'Config', 'ConfigError', 'check_value', 'instruct_name', 'warn_plain_prompts',
+           'validate', 'set_value', 'apply_overrides', 'to_dict', 'from_dict', 'save_config', 'load_config',
+           'get_config', 'data_dir', 'shared_data_dir']
 
 # %% ../nbs/00_config.ipynb #830162a0
 def param(default, # the field's default value
@@ -229,6 +229,25 @@ def check_value(name: str, # the dotted key, for the message
             raise ConfigError(f"{name}: must be {word} {m[k]}, got {v!r}")
     return v
 
+# %% ../nbs/00_config.ipynb #c7d1a0e2
+# what marks a chat-tuned model's name: Qwen's -Instruct, Llama 2's -chat, Gemma's -it
+_CHAT_NAME = re.compile(r"(?i)instruct|chat|(?<![a-z0-9])it(?![a-z0-9])")
+_warned_plain: set[str] = set()
+
+def instruct_name(name: str) -> bool:
+    "Whether a model's name (a hub id's, a folder's last part) says it was tuned for chat"
+    return bool(_CHAT_NAME.search(Path(name).name))
+
+def warn_plain_prompts(cfg: Config):
+    "Warn, once per model name, when an instruct model would get plain-text prompts on a real task"
+    name, d = cfg.model.name_or_path, cfg.data
+    plain_on_a_real_task = d.prompt_format == "plain" and d.task != "synthetic"
+    if not plain_on_a_real_task or not instruct_name(name) or name in _warned_plain: return
+    _warned_plain.add(name)
+    warnings.warn(f"data.prompt_format: {name} looks like an instruct (chat) model, and its prompts stay "
+                  "plain text, not the chat template it was tuned on; set data.prompt_format=chat "
+                  "(and data.system_prompt)", stacklevel=3)
+
 # %% ../nbs/00_config.ipynb #b01999db
 def validate(cfg: Config) -> Config:
     "Check every field of `cfg` against its type and range; raise `ConfigError` naming the first bad one"
@@ -245,6 +264,7 @@ def validate(cfg: Config) -> Config:
     if cfg.train.loss_kernel != "naive" and cfg.algo.beta > 0:
         raise ConfigError("train.loss_kernel: the fused kernels take no KL term; "
                           "use train.loss_kernel=naive with algo.beta > 0")
+    warn_plain_prompts(cfg)
     return cfg
 
 # %% ../nbs/00_config.ipynb #0e0a84a0
@@ -375,7 +395,8 @@ PRESETS = {
     "gsm8k-qwen2.5-0.5b": lambda: _chat(_gpu("Qwen/Qwen2.5-0.5B-Instruct", "gsm8k", 8, 1024,
                                              "runs/gsm8k-qwen2.5-0.5b", 16, 0.3),
                                         "You are a helpful assistant."),
-    # a base model: plain text prompts, as R1-Zero-style runs on it use
+    # a base model: plain text prompts, as R1-Zero-style runs on it use (an instruct model set in its place wants
+    # data.prompt_format=chat, as the GSM8K preset has: `validate` warns if it stays plain)
     "math-qwen2.5-1.5b": lambda: _gpu("Qwen/Qwen2.5-Math-1.5B", "math", 8, 3072,
                                       "runs/math-qwen2.5-1.5b", 8, 0.4),
 }

@@ -15,8 +15,8 @@ __all__ = ['OPS', 'SYNTHETIC_EVAL_SEED', 'SYNTHETIC_EVAL_SIZE', 'TAIL_EVAL_SEED'
            'TASKS', 'Example', 'Problem', 'make_problem', 'synthetic_prompt', 'make_trace', 'style_of',
            'synthetic_example', 'make_synthetic_eval', 'synthetic_stream', 'DataError', 'read_jsonl', 'write_jsonl',
            'load_synthetic_eval', 'make_chain', 'tail_n_ops', 'make_tail_eval', 'tail_stream', 'synthetic_eval',
-           'problem_stream', 'check_messages', 'conversation', 'prompt_messages', 'prompt_text', 'row_to_example',
-           'load_task']
+           'problem_stream', 'check_messages', 'conversation', 'prompt_messages', 'prompt_text', 'last_boxed',
+           'row_to_example', 'task_rows', 'load_task']
 
 # %% ../nbs/01_data.ipynb #37bccd58
 @dataclass
@@ -286,28 +286,53 @@ def prompt_text(ex: Example, system_prompt: str = "") -> str:
 MATH_TEMPLATE = "{question}\nPlease reason step by step, and put your final answer within \\boxed{{}}."
 GSM8K_TEMPLATE = "{question}\nPlease reason step by step, and give the final answer after '####'."
 
-# task -> ({split: local file under shared data}, hub dataset, question field, answer field, template)
+# task -> ({split: local file under shared data}, {split: its hub source}, question field, answer field, template);
+# a hub source is (data set, config or None, the hub's name of the split)
+_GEO3K = ("train", "val", "test")
 TASKS = {
-    "gsm8k": ({"train": "gsm8k/train.jsonl", "test": "gsm8k/test.jsonl"}, ("openai/gsm8k", "main"),
+    "gsm8k": ({"train": "gsm8k/train.jsonl", "test": "gsm8k/test.jsonl"},
+              {s: ("openai/gsm8k", "main", s) for s in ("train", "test")},
               "question", "answer", GSM8K_TEMPLATE),
-    # tested on MATH500, as usual
+    # trained on MATH's 7,500 (the hub's copy has no `answer`: `last_boxed` of `solution`), tested on MATH500
     "math": ({"train": "math/math_train_7500.jsonl", "test": "math/math500_test.jsonl"},
-             ("hendrycks/competition_math",), "problem", "answer", MATH_TEMPLATE),
-    "math500": ({"test": "math/math500_test.jsonl"}, ("HuggingFaceH4/MATH-500",), "problem",
-                "answer", MATH_TEMPLATE),
-    "aime24": ({"test": "competition/aime24_qwen25math.jsonl"}, ("HuggingFaceH4/aime_2024",),
-               "problem", "answer", MATH_TEMPLATE),
-    "amc23": ({"test": "competition/amc23_qwen25math.jsonl"}, ("math-ai/amc23",), "question",
-              "answer", MATH_TEMPLATE),
-    "geo3k": ({s: f"geometry3k/geo3k_{s}_text.jsonl" for s in ("train", "val", "test")},
-              ("hiyouga/geometry3k",), "problem", "answer", MATH_TEMPLATE),
+             {"train": ("DigitalLearningGmbH/MATH-lighteval", "default", "train"),
+              "test": ("HuggingFaceH4/MATH-500", None, "test")}, "problem", "answer", MATH_TEMPLATE),
+    "math500": ({"test": "math/math500_test.jsonl"}, {"test": ("HuggingFaceH4/MATH-500", None, "test")},
+                "problem", "answer", MATH_TEMPLATE),
+    # the hub's one split of AIME 2024 is called train
+    "aime24": ({"test": "competition/aime24_qwen25math.jsonl"},
+               {"test": ("HuggingFaceH4/aime_2024", None, "train")}, "problem", "answer", MATH_TEMPLATE),
+    "amc23": ({"test": "competition/amc23_qwen25math.jsonl"}, {"test": ("math-ai/amc23", None, "test")},
+              "question", "answer", MATH_TEMPLATE),
+    "geo3k": ({s: f"geometry3k/geo3k_{s}_text.jsonl" for s in _GEO3K},
+              {s: ("hiyouga/geometry3k", None, {"val": "validation"}.get(s, s)) for s in _GEO3K},
+              "problem", "answer", MATH_TEMPLATE),
 }
+
+# %% ../nbs/01_data.ipynb #b0c5e1a2
+def last_boxed(text: str) -> str | None:
+    "The content of the last `\\boxed{...}` (or `\\fbox{...}`) in `text`, its braces matched; else None"
+    i = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
+    if i < 0: return None
+    j = i + (6 if text.startswith("\\boxed", i) else 5)
+    # `\boxed 5`: the answer runs to the closing `$`
+    if text[j:j + 1] == " ": return text[j + 1:].split("$")[0].strip()
+    if text[j:j + 1] != "{": return None
+    depth = 0
+    for k in range(j, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[k], 0)
+        if depth == 0: return text[j + 1:k]
+    return None
 
 # %% ../nbs/01_data.ipynb #2f99cf83
 def row_to_example(row: dict, task: str) -> Example:
-    "One data-set row as an `Example` (the gold answer bare: GSM8K's text after `####`, AIME's '025' as '25')"
+    ("One data-set row as an `Example` (the gold answer bare: GSM8K's text after `####`, AIME's '025' as "
+     "'25', MATH's from its solution)")
     _, _, q, a, tmpl = TASKS[task]
     question = row.get(q) or row.get("question") or row.get("problem")
+    # MATH as published (the hub's copies): no answer field, the gold is the solution's last \boxed{}
+    if row.get(a) is None and isinstance(row.get("solution"), str):
+        row = {**row, a: last_boxed(row["solution"]) or ""}
     if (question is None and "prompt" not in row) or row.get(a) is None:
         raise DataError(f"{task} row has no {q!r} (or 'prompt') / {a!r} field: keys {sorted(row)}")
     ans = str(row[a])
@@ -320,10 +345,35 @@ def row_to_example(row: dict, task: str) -> Example:
     text = conversation(row["prompt"]) if "prompt" in row else dict(prompt=tmpl.format(question=question))
     return Example(answer=ans, task=task, meta=meta, **text)
 
+# %% ../nbs/01_data.ipynb #b0c5e1a5
+def _load_hub(name: str, split: str, source: tuple | None = None) -> list[dict]:
+    "Rows of `name` from the Hugging Face hub (needs network and `datasets`); `source`: a `TASKS` hub source"
+    try: from datasets import load_dataset
+    except ImportError: raise DataError("loading from the hub needs `pip install datasets`") from None
+    config, hub_split = (source[1], source[2]) if source and source[0] == name else (None, split)
+    try: return [dict(r) for r in load_dataset(name, config, split=hub_split)]
+    except Exception as e:
+        raise DataError(f"could not load {name!r} split {hub_split!r} from the hub: {e}") from None
+
+def task_rows(task: str, split: str, path=None) -> tuple[str, list[dict]]:
+    "Where `task`'s `split` comes from, and its rows: `path`, else the shared data's file, else the hub"
+    local, hub, *_ = TASKS[task]
+    if path is not None:
+        local_file = Path(path).suffix == ".jsonl" or Path(path).exists()
+        return str(path), read_jsonl(path) if local_file else _load_hub(str(path), split, hub.get(split))
+    file = shared_data_dir() / local[split]
+    if file.is_file(): return str(file), read_jsonl(file)
+    name = hub[split][0]
+    warnings.warn(f"{task}: {file} not found; loading {name} ({split}) from the Hugging Face hub",
+                  stacklevel=3)
+    try: return name, _load_hub(name, split, hub[split])
+    except DataError as e: raise DataError(f"data file not found: {file}; {e}") from None
+
 # %% ../nbs/01_data.ipynb #07ff0df1
 def load_task(task: str, # a key of `TASKS`, or "synthetic"
               split: str = "train", # train | test (| val for geo3k)
-              path=None, # a local JSONL file or a hub dataset name; None = the default local file
+              # a local JSONL file or a hub dataset name; None = the default local file, else the task's hub copy
+              path=None,
               limit: int | None = None) -> list[Example]: # keep the first `limit` rows
     "The examples of a task, from a local file or the hub"
     # its one file is the eval set; training prompts are streamed by `synthetic_stream`
@@ -331,13 +381,10 @@ def load_task(task: str, # a key of `TASKS`, or "synthetic"
         ex = load_synthetic_eval(path)
         return ex[:limit] if limit else ex
     if task not in TASKS: raise DataError(f"unknown task {task!r}; choose from synthetic, {', '.join(TASKS)}")
-    local, hub, *_ = TASKS[task]
-    if path is None and split not in local:  # eval-only sets are never trained on by accident
-        raise DataError(f"{task} has no {split!r} split here (it has: {', '.join(local)}); give a file with "
-                        "data.path")
-    src = path or shared_data_dir() / local[split]
-    rows = (read_jsonl(src) if path is None or Path(path).suffix == ".jsonl" or Path(path).exists()
-            else _load_hub(str(path), split, hub))
+    if path is None and split not in TASKS[task][0]:  # eval-only sets are never trained on by accident
+        raise DataError(f"{task} has no {split!r} split here (it has: {', '.join(TASKS[task][0])}); give a "
+                        "file with data.path")
+    src, rows = task_rows(task, split, path)
     ex = []
     for i, r in enumerate(rows, 1):
         try: ex.append(row_to_example(r, task))
@@ -347,12 +394,3 @@ def load_task(task: str, # a key of `TASKS`, or "synthetic"
     if len(kept) < len(ex):
         warnings.warn(f"{task}: dropped {len(ex) - len(kept)} rows with an empty answer", stacklevel=2)
     return kept[:limit] if limit else kept
-
-def _load_hub(name: str, split: str, hub: tuple):
-    "Rows from the Hugging Face hub (needs network and `datasets`)"
-    try: from datasets import load_dataset
-    except ImportError: raise DataError("loading from the hub needs `pip install datasets`") from None
-    args = hub if name == hub[0] else (name,)
-    try: return [dict(r) for r in load_dataset(*args, split=split)]
-    except Exception as e:
-        raise DataError(f"could not load {name!r} split {split!r} from the hub: {e}") from None

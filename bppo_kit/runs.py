@@ -18,8 +18,8 @@ if TYPE_CHECKING: from matplotlib.figure import Figure
 
 # %% auto #0
 __all__ = ['SAVING', 'RunDir', 'read_jsonl_rows', 'append_jsonl', 'truncate_metrics', 'rng_state', 'set_rng_state', 'tree_bytes',
-           'save_checkpoint', 'settle_checkpoint', 'load_trainer_state', 'checkpoint_bytes', 'open_run',
-           'curves_figure', 'plot_run']
+           'restore_checkpoint', 'save_checkpoint', 'settle_checkpoint', 'load_trainer_state', 'checkpoint_bytes',
+           'open_run', 'curves_figure', 'plot_run']
 
 # %% ../nbs/22_runs.ipynb #7567159a
 @dataclass(frozen=True)
@@ -69,7 +69,7 @@ def set_rng_state(s: dict):
     torch.set_rng_state(s["torch"])
 
 # %% ../nbs/22_runs.ipynb #2eedd7f0
-# in `checkpoint/` while it is rewritten in place: the steps from and to, the save's id
+# in `checkpoint/` while the kit's earlier in-place rewrite of a big checkpoint ran: the steps from and to, the id
 SAVING = "saving.json"
 
 def tree_bytes(path: Path) -> int:
@@ -95,47 +95,45 @@ def _write_whole(path: Path, write):
     _fsync(path.parent)
 
 # %% ../nbs/22_runs.ipynb #8d22c49e
-def _swap_whole(run_dir: Path, write):
-    ("Write the new checkpoint beside the old one, then swap them by renames: a crash at any moment leaves a "
-     "whole one")
-    final, tmp, old = run_dir / "checkpoint", run_dir / "checkpoint.tmp", run_dir / "checkpoint.old"
-    write(tmp)
+def _swap_whole(run_dir: Path, write, save_id: str):
+    ("`write` the new checkpoint beside the old one, then swap them by renames: a crash at any moment "
+     "leaves a whole one")
+    final, old = run_dir / "checkpoint", run_dir / "checkpoint.old"
+    # the save's own folder: never one that an earlier, killed save half-wrote
+    tmp = run_dir / f"checkpoint.tmp-{save_id}"
+    try: write(tmp)
+    except Exception:
+        # a save that failed (a full disk) gives its space back; the old checkpoint was never touched
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     if final.exists(): final.rename(old)
     tmp.rename(final)
     _fsync(run_dir)
     shutil.rmtree(old, ignore_errors=True)
 
-# %% ../nbs/22_runs.ipynb #45d10141
-def _rewrite_in_place(final: Path, write, step: int, save_id: str):
-    ("Replace the old checkpoint's files by the new ones, with `saving.json` in the folder until the new are "
-     "all there")
-    state = final / "trainer_state.pt"
-    before = torch.load(state, weights_only=True, mmap=True)["step"] if state.exists() else None
-    marker = dict(step=step, previous=before, id=save_id)
-    _write_whole(final / SAVING, lambda p: p.write_text(json.dumps(marker)))
-    # first: from here until the new one is in place the folder is no checkpoint
-    state.unlink(missing_ok=True)
-    _fsync(final)
-    for p in list(final.iterdir()):  # the old files go before the new ones come: never two copies on the disk
-        if p.is_dir(): shutil.rmtree(p)
-        elif p.name != SAVING: p.unlink()
-    write(final)
-    (final / SAVING).unlink()
-    _fsync(final)
+# %% ../nbs/22_runs.ipynb #5a1c0e78
+def restore_checkpoint(run_dir: Path) -> Path:
+    ("`run_dir/checkpoint` as the last whole save left it: the old one renamed back where a save died "
+     "between its renames")
+    run_dir = Path(run_dir)
+    final, old = run_dir / "checkpoint", run_dir / "checkpoint.old"
+    left = [*run_dir.glob("checkpoint.tmp*"), old]
+    if old.exists() and not final.exists(): old.rename(final)
+    for p in left: shutil.rmtree(p, ignore_errors=True)
+    if run_dir.is_dir(): _fsync(run_dir)
+    return final
 
 # %% ../nbs/22_runs.ipynb #974616a2
 def save_checkpoint(run_dir: Path, model, tok, opt, step: int, algo_state: dict | None = None,
                     ranks: list[dict] | None = None, # scale-out: every process's own `rng` and `algo` state
                     # the weights to write, if not `model`'s own (gathered shards)
                     model_state: dict | None = None,
-                    opt_state: dict | None = None, opt_format: str = "torch", # ... and `opt`'s state
-                    headroom: int = 2**30) -> Path: # disk (bytes) a save may take beyond one checkpoint
-    ("Write `run_dir/checkpoint`, the state after `step` steps: beside the old one if it fits `headroom`, "
-     "else in place")
+                    opt_state: dict | None = None, opt_format: str = "torch") -> Path: # ... and `opt`'s state
+    ("Write `run_dir/checkpoint`, the state after `step` steps, beside the old one and swap it in: whole or "
+     "absent")
     run_dir, save_id = Path(run_dir), uuid.uuid4().hex
-    final = run_dir / "checkpoint"
-    # what a crash of a swap left: the new checkpoint half-written, or the old one beside the new
-    for p in ("checkpoint.tmp", "checkpoint.old"): shutil.rmtree(run_dir / p, ignore_errors=True)
+    # what a killed save left: the old checkpoint back in place, the half-written one gone (and its disk space)
+    restore_checkpoint(run_dir)
     state = dict(step=step, optimizer=opt.state_dict() if opt_state is None else opt_state,
                  optimizer_format=opt_format, rng=rng_state(), algo=algo_state, ranks=ranks, save_id=save_id)
     def write(folder: Path):
@@ -143,15 +141,14 @@ def save_checkpoint(run_dir: Path, model, tok, opt, step: int, algo_state: dict 
         tok.save_pretrained(folder)
         for f in folder.iterdir(): _fsync(f)
         _write_whole(folder / "trainer_state.pt", lambda p: torch.save(state, p))  # last: the rest is there
-    if tree_bytes(final) <= headroom: _swap_whole(run_dir, write)
-    else: _rewrite_in_place(final, write, step, save_id)
-    return final
+    _swap_whole(run_dir, write, save_id)
+    return run_dir / "checkpoint"
 
 # %% ../nbs/22_runs.ipynb #b139f90d
 def settle_checkpoint(ckpt: Path, # a checkpoint folder
                       clear: bool = True) -> str: # remove the marker a rewrite left beside a whole checkpoint
-    ("'clean'; or, after a rewrite in place stopped, 'old' or 'new': the whole checkpoint it left. A mix: "
-     "`ConfigError`")
+    ("'clean'; or, where the kit's earlier rewrite in place stopped, 'old' or 'new': the whole one it "
+     "left. A mix: `ConfigError`")
     ckpt = Path(ckpt)
     if not (ckpt / SAVING).exists(): return "clean"
     m, state = json.loads((ckpt / SAVING).read_text()), ckpt / "trainer_state.pt"
@@ -169,7 +166,7 @@ def load_trainer_state(ckpt: Path,
                        map_location="cpu", # where the tensors land, whichever device saved them
                        mmap: bool = True) -> dict: # map the file: a process reads only the tensors it uses
     "The optimizer state, step and RNG states of a checkpoint (tensors and plain types only)"
-    # a half-rewritten checkpoint: one line, not a load of two steps' files
+    # a checkpoint the earlier in-place rewrite left half-done: one line, not a load of two steps' files
     settle_checkpoint(ckpt, clear=False)
     return torch.load(Path(ckpt) / "trainer_state.pt", map_location=map_location,
                       weights_only=True, mmap=mmap)
@@ -194,12 +191,13 @@ def checkpoint_bytes(config, # a `transformers` config, e.g. `qwen2_5_config("1.
 def open_run(cfg: Config, resume: bool = False, overwrite: bool = False) -> RunDir:
     "The run folder `cfg.train.out`, checked and ready (config written); refuses to replace a run unless told"
     run = RunDir(Path(cfg.train.out))
-    old = run.root / "checkpoint.old"
-    if resume and not run.checkpoint.exists() and old.exists(): old.rename(run.checkpoint)  # killed mid-swap
-    if not resume and not overwrite and (run.metrics.exists() or run.checkpoint.exists()):
+    held = run.metrics.exists() or run.checkpoint.exists() or (run.root / "checkpoint.old").exists()
+    if not resume and not overwrite and held:
         raise ConfigError(f"train.out: {run.root} already holds a run; "
                           "continue it with --resume or replace it with --overwrite")
-    # a rewrite in place that stopped
+    # a save killed midway: the old checkpoint back in place, the half-written one gone
+    restore_checkpoint(run.root)
+    # a checkpoint the earlier in-place rewrite left
     if resume and run.checkpoint.exists(): settle_checkpoint(run.checkpoint)
     if resume and not run.state.exists():
         print(f"no checkpoint in {run.root}: starting from step 0", flush=True)

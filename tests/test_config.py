@@ -55,3 +55,40 @@ def test_temperature_accepts_exactly_positive_finite(t):
 
 def test_bool_is_not_int():
     with pytest.raises(ConfigError, match="train.steps: expected int"): set_value(Config(), "train.steps", True)
+
+def plain_warnings(monkeypatch, *overrides, preset="math-qwen2.5-1.5b") -> list[str]:
+    "The prompt-format warnings `get_config(preset, overrides)` gives, in a process that has warned of nothing yet"
+    import warnings
+    import bppo_kit.config as config
+    monkeypatch.setattr(config, "_warned_plain", set())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        get_config(preset, overrides=list(overrides))
+        get_config(preset, overrides=list(overrides))  # a second config of the same model: no second warning
+    return [str(w.message) for w in caught if "data.prompt_format" in str(w.message)]
+
+@pytest.mark.parametrize("model,fmt,warned", [
+    ("Qwen/Qwen2.5-1.5B-Instruct", "plain", True), ("Qwen/Qwen2.5-1.5B-Instruct", "chat", False),
+    ("google/gemma-2-2b-it", "plain", True), ("meta-llama/Llama-2-7b-chat-hf", "plain", True),
+    ("Qwen/Qwen2.5-Math-1.5B", "plain", False), ("Qwen/Qwen2.5-1.5B", "plain", False),
+    ("HuggingFaceTB/SmolLM2-135M-Instruct", "plain", True), ("runs/math/checkpoint", "plain", False)])
+def test_instruct_model_on_plain_prompts_warns_once(monkeypatch, model, fmt, warned):
+    "The MATH preset (plain: a base model) set to an instruct model warns once, naming the fix; chat or base: silent"
+    said = plain_warnings(monkeypatch, f"model.name_or_path={model}", f"data.prompt_format={fmt}")
+    assert len(said) == int(warned), said
+    if warned: assert model in said[0] and "set data.prompt_format=chat" in said[0] and "\n" not in said[0]
+
+def test_synthetic_task_never_warns(monkeypatch):
+    "The synthetic task's prompts are a completion format of their own: an instruct model on it gets no warning"
+    assert plain_warnings(monkeypatch, "model.name_or_path=Qwen/Qwen2.5-1.5B-Instruct", preset="cpu-demo") == []
+    said = plain_warnings(monkeypatch, "model.name_or_path=Qwen/Qwen2.5-1.5B-Instruct", "data.task=gsm8k",
+                          preset="cpu-demo")
+    assert len(said) == 1, said
+
+def test_presets_format_follows_the_model(monkeypatch):
+    "Every preset as shipped: chat exactly where the model is an instruct one, and no warning"
+    from bppo_kit.config import instruct_name
+    for name in PRESETS:
+        cfg = get_config(name)
+        assert (cfg.data.prompt_format == "chat") == instruct_name(cfg.model.name_or_path), name
+        assert plain_warnings(monkeypatch, preset=name) == [], name

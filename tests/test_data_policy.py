@@ -79,3 +79,80 @@ def test_sft_is_reproducible(tmp_path):
     ma, _ = load_policy(str(a))
     mb, _ = load_policy(str(b))
     assert all(torch.equal(x, y) for x, y in zip(ma.state_dict().values(), mb.state_dict().values()))
+
+# MATH as the hub's copies hold it: no `answer`, the gold in the solution's last \boxed{}
+HUB_MATH = [{"problem": "What is $1+1$?", "level": "Level 1", "type": "Algebra",
+             "solution": "We add: $1+1=\\boxed{2}$."},
+            {"problem": "Simplify $\\frac{2}{4}$.", "level": "Level 2", "type": "Prealgebra",
+             "solution": "First $\\boxed{4}$ is wrong; it is $\\boxed{\\frac{1}{2}}$."},
+            {"problem": "Prove it.", "level": "Level ?", "type": "Geometry", "solution": "No boxed answer here."}]
+
+def fake_hub(monkeypatch, tmp_path, rows=None, fail=None) -> list:
+    "No shared data (`$BPPO_SHARED_DATA` an empty folder), and `datasets.load_dataset` answering from memory: its calls"
+    datasets = pytest.importorskip("datasets")
+    monkeypatch.setenv("BPPO_SHARED_DATA", str(tmp_path / "none"))
+    calls = []
+    def load_dataset(path, name=None, split=None, **kw):
+        calls.append((path, name, split))
+        if fail: raise fail
+        return datasets.Dataset.from_list(rows if rows is not None else HUB_MATH)
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    return calls
+
+def test_math_falls_back_to_the_hub_with_one_line(tmp_path, monkeypatch):
+    "No local MATH file: one warning line, then the hub's copy, its gold cut from `solution` (no `answer` column)"
+    from bppo_kit.data import MATH_TEMPLATE
+    calls = fake_hub(monkeypatch, tmp_path)
+    with pytest.warns(UserWarning) as caught: ex = load_task("math", "train")
+    said = [str(w.message) for w in caught]
+    hub = [s for s in said if "Hugging Face hub" in s]
+    assert len(hub) == 1 and "\n" not in hub[0] and "math_train_7500.jsonl not found" in hub[0], said
+    assert calls == [("DigitalLearningGmbH/MATH-lighteval", "default", "train")]
+    assert [e.answer for e in ex] == ["2", "\\frac{1}{2}"]  # the last box; a row with none is dropped, and said
+    assert any("dropped 1 rows with an empty answer" in s for s in said), said
+    assert ex[0].prompt == MATH_TEMPLATE.format(question="What is $1+1$?") and ex[0].meta["type"] == "Algebra"
+
+def test_hub_sources_per_split(tmp_path, monkeypatch):
+    "Each task's split asks the hub for its own data set and the hub's name of that split"
+    rows = [{"problem": "p", "question": "q", "answer": "3"}]
+    calls = fake_hub(monkeypatch, tmp_path, rows)
+    with pytest.warns(UserWarning, match="from the Hugging Face hub"):
+        for task, split in (("math", "test"), ("math500", "test"), ("aime24", "test"), ("geo3k", "val"),
+                            ("gsm8k", "train")):
+            assert [e.answer for e in load_task(task, split)] == ["3"], task
+    assert calls == [("HuggingFaceH4/MATH-500", None, "test"), ("HuggingFaceH4/MATH-500", None, "test"),
+                     ("HuggingFaceH4/aime_2024", None, "train"), ("hiyouga/geometry3k", None, "validation"),
+                     ("openai/gsm8k", "main", "train")]
+
+def test_hub_name_as_data_path(tmp_path, monkeypatch):
+    "`data.path` naming a hub data set: the task's own source with its config, any other as it is, no warning"
+    calls = fake_hub(monkeypatch, tmp_path)
+    assert len(load_task("math", "train", path="DigitalLearningGmbH/MATH-lighteval")) == 2
+    assert len(load_task("math", "test", path="someone/math-copy")) == 2
+    assert calls == [("DigitalLearningGmbH/MATH-lighteval", "default", "train"), ("someone/math-copy", None, "test")]
+
+def test_no_file_and_no_hub_says_both(tmp_path, monkeypatch):
+    "The local file missing and the hub out of reach: one DataError naming the file and the hub's error"
+    fake_hub(monkeypatch, tmp_path, fail=ConnectionError("no network"))
+    with pytest.warns(UserWarning, match="loading DigitalLearningGmbH/MATH-lighteval"):
+        with pytest.raises(DataError) as e: load_task("math", "train")
+    msg = str(e.value)
+    assert "data file not found" in msg and "math_train_7500.jsonl" in msg and "no network" in msg, msg
+
+def test_a_missing_data_path_is_never_downloaded(tmp_path, monkeypatch):
+    "An explicit file that is not there stays an error: a typo is never replaced by the hub's copy"
+    calls = fake_hub(monkeypatch, tmp_path)
+    with pytest.raises(DataError, match="data file not found"): load_task("math", path=tmp_path / "typo.jsonl")
+    assert calls == []
+
+@needs_shared
+def test_math_gold_from_the_solution_is_the_shared_answer():
+    "On all 12,500 MATH rows of the shared files, the gold cut from `solution` equals the file's `answer`"
+    from bppo_kit.data import row_to_example
+    n = 0
+    for name in ("math_train_7500", "math500_test", "math_test_4500_excl_math500"):
+        for r in read_jsonl(shared_data_dir() / "math" / f"{name}.jsonl"):
+            bare = {k: v for k, v in r.items() if k != "answer"}
+            assert row_to_example(bare, "math").answer == row_to_example(r, "math").answer, r["unique_id"]
+            n += 1
+    assert n == 12500
