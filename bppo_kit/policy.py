@@ -9,14 +9,14 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer, Regex, decoders, models, pre_tokenizers, processors
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast, Qwen2Config
-from .config import ConfigError, DataConfig, data_dir
+from .config import Config, ConfigError, DataConfig, data_dir
 from .data import DataError, Example, prompt_messages, prompt_text
 
 # %% auto #0
 __all__ = ['CHARS', 'SPECIALS', 'DTYPES', 'SHIPPED_POLICIES', 'CHATML_TEMPLATE', 'char_tokenizer', 'tiny_config',
            'load_tokenizer', 'resolve_policy_path', 'load_policy', 'is_peft', 'add_lora', 'merged_weights',
-           'merged_state_dict', 'autocast', 'generation_copy', 'copy_weights', 'chat_tokenizer', 'prompt_ids',
-           'fitting_prompts', 'pack', 'token_logprobs', 'completion_logprobs']
+           'merged_state_dict', 'to_compute_dtype', 'autocast', 'generation_copy', 'copy_weights', 'chat_tokenizer',
+           'prompt_ids', 'prompt_limit', 'fitting_prompts', 'pack', 'token_logprobs', 'completion_logprobs']
 
 # %% ../nbs/04_policy.ipynb #3b5f0132
 CHARS = string.digits + string.ascii_letters + " +-*/()=#.,:;?!'\n$\\{}^_<>[]%&|~\"@`"
@@ -129,6 +129,19 @@ def merged_state_dict(model) -> dict:
     "`model`'s state dict as a plain model's (`merged_weights`, all at once)"
     return dict(merged_weights(model))
 
+# %% ../nbs/04_policy.ipynb #0ba3e4c6
+def to_compute_dtype(model, dtype: str, # a key of `DTYPES`
+                     device=None): # where it goes (None: where it is)
+    ("`model`, cast in place: parameters and saved buffers to `dtype`, unsaved float buffers (rotary "
+     "`inv_freq`) kept as they are, as the trainer computes with them")
+    # `persistent=False` buffers are computed by the model at construction, in float32, and never loaded
+    kept = {(mod, name): b for mod in model.modules() for name, b in mod._buffers.items()
+            if name in mod._non_persistent_buffers_set and b is not None and b.is_floating_point()}
+    model.to(device=device, dtype=DTYPES[dtype])
+    for (mod, name), b in kept.items(): mod._buffers[name] = b.to(device=device)
+    return model
+
+
 # %% ../nbs/04_policy.ipynb #da289803
 def autocast(dtype: str, # a key of `DTYPES`: the compute dtype
              device) -> torch.autocast: # the model's device (or its type)
@@ -136,9 +149,10 @@ def autocast(dtype: str, # a key of `DTYPES`: the compute dtype
     return torch.autocast(torch.device(device).type, dtype=DTYPES[dtype], enabled=dtype != "float32")
 
 def generation_copy(model, dtype: str):
-    "`model` itself if it is plain and in `dtype`, else a frozen plain copy (LoRA merged) stored in `dtype`"
+    ("`model` itself if it is plain and in `dtype`, else a frozen plain copy (LoRA merged) stored in `dtype` "
+     "(`to_compute_dtype`: its rotary buffers stay float32)")
     if not is_peft(model) and next(model.parameters()).dtype == DTYPES[dtype]: return model
-    if not is_peft(model): return copy.deepcopy(model).to(DTYPES[dtype]).eval().requires_grad_(False)
+    if not is_peft(model): return to_compute_dtype(copy.deepcopy(model), dtype).eval().requires_grad_(False)
     base = model.get_base_model()
     gen = (AutoModelForCausalLM.from_config(base.config, dtype=DTYPES[dtype])
            .to(next(model.parameters()).device))
@@ -191,8 +205,20 @@ def prompt_ids(tok, # a tokenizer: `tok(text)`; for chat, `chat_template` and `a
     return list(ids)
 
 # %% ../nbs/04_policy.ipynb #a1696f59
+def prompt_limit(cfg: Config, # the run's: `rollout.max_prompt_tokens` and `rollout.max_new_tokens`
+                 model_config=None) -> int: # the policy's `transformers` config (its context); None: unknown
+    ("The most tokens a prompt may hold: `rollout.max_prompt_tokens`, or the model's context less "
+     "`rollout.max_new_tokens` where that is less")
+    r = cfg.rollout
+    ctx = getattr(model_config, "max_position_embeddings", None)
+    if not ctx: return r.max_prompt_tokens
+    if r.max_new_tokens >= ctx:
+        raise ConfigError(f"rollout.max_new_tokens: {r.max_new_tokens} does not fit the model's context "
+                          f"of {ctx}")
+    return min(r.max_prompt_tokens, ctx - r.max_new_tokens)
+
 def fitting_prompts(examples: list[Example], tok, data: DataConfig | None = None,
-                    max_tokens: int = 0, # `rollout.max_prompt_tokens`; 0: keep all
+                    max_tokens: int = 0, # `prompt_limit`'s; 0: keep all
                     what: str = "prompts") -> list[Example]:
     "`examples` whose prompt ids (`prompt_ids`) fit `max_tokens`; one warning counts the others"
     if not max_tokens: return list(examples)
@@ -200,8 +226,9 @@ def fitting_prompts(examples: list[Example], tok, data: DataConfig | None = None
     kept = [e for e, n in zip(examples, lens) if n <= max_tokens]
     if len(kept) < len(examples):
         n, longest = len(examples) - len(kept), max(lens)
-        warnings.warn(f"{what}: dropped {n} of {len(examples)} longer than rollout.max_prompt_tokens="
-                      f"{max_tokens} (the longest: {longest} tokens)", stacklevel=2)
+        warnings.warn(f"{what}: dropped {n} of {len(examples)} longer than {max_tokens} tokens (the smaller "
+                      f"of rollout.max_prompt_tokens and the model's context less rollout.max_new_tokens; "
+                      f"the longest: {longest} tokens)", stacklevel=2)
     return kept
 
 

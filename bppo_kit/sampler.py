@@ -15,7 +15,7 @@ from .distributed import Dist, deal_items, gather_rollout
 from .data import Example, load_task, problem_stream, style_of, synthetic_eval, synthetic_example
 from .evaluate import response_tokens
 from .rewards import Task
-from .policy import fitting_prompts, prompt_ids
+from .policy import fitting_prompts, prompt_ids, prompt_limit
 import bppo_kit.rollout  # noqa: F401 -- registers the built-in engines: hf, kit, vllm
 
 # %% auto #0
@@ -137,15 +137,17 @@ class Sampler:
     def __init__(self, cfg: Config, engine, tok, prompts: PromptSource | None = None,
                  dist: Dist | None = None, # this process's place in a scale-out run (none: one process)
                  # your own data and rewards (the rewards lesson); None: the config's
-                 task: Task | None = None):
+                 task: Task | None = None,
+                 model_config=None): # the policy's config (its context bounds a prompt); None: the engine's
         self.cfg, self.engine, self.tok, self.task = cfg, engine, tok, task or Task()
         self.prompts = prompts if prompts is not None else PromptSource(cfg, self.task.train)
         if getattr(self.prompts, "examples", None):  # a data set's prompts the engines cannot serve: dropped
-            fit = fitting_prompts(self.prompts.examples, tok, cfg.data, cfg.rollout.max_prompt_tokens,
-                                  "train prompts")
+            if model_config is None: model_config = getattr(getattr(engine, "model", None), "config", None)
+            limit = prompt_limit(cfg, model_config)
+            fit = fitting_prompts(self.prompts.examples, tok, cfg.data, limit, "train prompts")
             if len(fit) < cfg.train.prompts_per_step:
-                raise ConfigError(f"rollout.max_prompt_tokens: {len(fit)} prompts fit, fewer than "
-                                  f"train.prompts_per_step={cfg.train.prompts_per_step}")
+                raise ConfigError(f"rollout.max_prompt_tokens: {len(fit)} prompts fit in {limit} tokens, "
+                                  f"fewer than train.prompts_per_step={cfg.train.prompts_per_step}")
             self.prompts.examples = fit
         self.dist = dist or Dist()
         # grading seconds, reward functions' means: since the loop last asked

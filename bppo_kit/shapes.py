@@ -11,7 +11,7 @@ from tokenizers import Tokenizer, Regex, decoders, models, normalizers, pre_toke
 from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 from .config import shared_data_dir
 from .data import load_synthetic_eval, make_trace, read_jsonl, synthetic_stream
-from .policy import DTYPES
+from .policy import to_compute_dtype
 
 # %% auto #0
 __all__ = ['SYSTEM_PROMPT', 'SHARED_TEXT', 'QWEN_SPLIT', 'SPECIAL_TOKENS', 'CHAT_TEMPLATE', 'QWEN2_5', 'tokenizer_corpus',
@@ -129,7 +129,8 @@ def real_shaped(size: str = "0.5b", # a key of `QWEN2_5`
     end = tok.convert_tokens_to_ids("<|im_end|>")
     model.generation_config = GenerationConfig(bos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
                                                eos_token_id=[end, tok.eos_token_id])
-    return model.to(DTYPES[dtype]).eval(), tok
+    # the rotary buffers stay float32, as `from_pretrained(dtype=...)` keeps them (the policy lesson)
+    return to_compute_dtype(model, dtype).eval(), tok
 
 def save_real_shaped(folder, # the checkpoint folder (created)
                      size: str = "0.5b", dtype: str = "bfloat16", seed: int = 0, tok=None,

@@ -4,7 +4,8 @@
 
 # %% ../nbs/24_trainer.ipynb #e962ff92
 from __future__ import annotations
-import copy, inspect, random, shutil, signal, threading, time
+import copy, functools, inspect, random, shutil, signal, threading, time, traceback
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 import numpy as np
@@ -17,8 +18,8 @@ from .distributed import (Dist, checkpoint_states, gather_into, init_dist, load_
                                   reduce_metrics)
 from .evaluate import eval_examples, evaluate
 from .plan import check_fits, model_config
-from .policy import (DTYPES, add_lora, copy_weights, fitting_prompts, generation_copy, is_peft,
-                             load_policy)
+from .policy import (add_lora, copy_weights, fitting_prompts, generation_copy, is_peft, load_policy,
+                             prompt_limit, to_compute_dtype)
 from .rewards import Task
 from .runs import (RunDir, append_jsonl, checkpoint_bytes, load_trainer_state, open_run,
                            read_jsonl_rows, rng_state, save_checkpoint, set_rng_state, tree_bytes,
@@ -30,10 +31,10 @@ import bppo_kit.algorithms  # noqa: F401 -- the built-in algorithms register by 
 
 # %% auto #0
 __all__ = ['COSTS', 'lr_at', 'device_of', 'Session', 'own_state', 'check_precision', 'policy_config', 'check_gpu_memory',
-           'with_lora', 'start_policy', 'load_for_training', 'make_optimizer', 'build_engine', 'setup', 'check_disk',
-           'merge_histograms', 'step_costs', 'pass_histogram', 'train_step', 'evaluate_step', 'eval_examples_of',
-           'check_algorithm', 'check_run', 'open_run_on', 'rows_after', 'run_cost', 'end_of_run', 'check_budget',
-           'RunLog', 'run_steps', 'train']
+           'with_lora', 'start_policy', 'load_for_training', 'make_optimizer', 'build_engine', 'closed_on_error',
+           'frees_on_error', 'setup', 'check_disk', 'merge_histograms', 'step_costs', 'pass_histogram', 'train_step',
+           'evaluate_step', 'eval_examples_of', 'check_algorithm', 'check_run', 'open_run_on', 'rows_after', 'run_cost',
+           'end_of_run', 'check_budget', 'RunLog', 'run_steps', 'train']
 
 # %% ../nbs/24_trainer.ipynb #ef0a4107
 def lr_at(step: int, lr: float, warmup_steps: int = 0) -> float:
@@ -145,7 +146,7 @@ def start_policy(cfg: Config, run: RunDir, state: dict | None, policy, dev: str)
         model = model.to(device=dev, dtype=torch.float32).eval()
     if not cfg.algo.beta: return model, tok, None
     if policy is None: return model, tok, load_policy(cfg.model.name_or_path, cfg.model.dtype, dev)[0]
-    ref = copy.deepcopy(policy[0]).to(device=dev, dtype=DTYPES[cfg.model.dtype]).eval().requires_grad_(False)
+    ref = to_compute_dtype(copy.deepcopy(policy[0]), cfg.model.dtype, dev).eval().requires_grad_(False)
     return model, tok, ref
 
 # %% ../nbs/24_trainer.ipynb #9c86defa
@@ -154,10 +155,7 @@ def load_for_training(cfg: Config, run: RunDir, state: dict | None, policy, dev:
     # float32 master weights whatever the compute dtype (the policy lesson); a LoRA run's checkpoint is an adapter
     model, tok, ref = start_policy(cfg, run, state, policy, dev)
     check_fused_head(model, cfg.train.loss_kernel)
-    ctx = getattr(model.config, "max_position_embeddings", None)
-    if ctx and cfg.rollout.max_new_tokens >= ctx:
-        raise ConfigError(f"rollout.max_new_tokens: {cfg.rollout.max_new_tokens} "
-                          f"does not fit the model's context of {ctx}")
+    prompt_limit(cfg, model.config)  # a `ConfigError` when `rollout.max_new_tokens` fills the model's context
     model = with_lora(model, cfg)
     if cfg.model.gradient_checkpointing:  # transformers 5 renamed it
         (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
@@ -175,9 +173,33 @@ def build_engine(cfg: Config, model, tok, dist: Dist) -> tuple:
     "The engine and the weights it decodes: a copy in the compute dtype, or `model` itself (float32; its own weights)"
     gen = model if engine_caps(cfg).own_weights else generation_copy(model, cfg.model.dtype)
     if dist.kind == "fsdp" and gen is model:  # FSDP2 shards `model` in place: a whole copy to gather into
-        gen = copy.deepcopy(model).to(DTYPES[cfg.model.dtype]).eval().requires_grad_(False)
+        gen = to_compute_dtype(copy.deepcopy(model), cfg.model.dtype).eval().requires_grad_(False)
     return make_engine(cfg, gen, tok, dist=dist), gen
 
+
+# %% ../nbs/24_trainer.ipynb #12f04784
+@contextmanager
+def closed_on_error(engine: Engine):
+    "Close `engine` if the block raises: a setup that fails keeps no engine holding memory"
+    try: yield engine
+    except BaseException:
+        engine.close()
+        raise
+
+def frees_on_error(f):
+    ("`f`, which on an exception clears the locals of the frames it leaves by: a notebook keeps the last "
+     "traceback, and with it what a failed call built (models, an engine)")
+    @functools.wraps(f)
+    def call(*args, **kwargs):
+        try: return f(*args, **kwargs)
+        except BaseException as e:
+            traceback.clear_frames(e.__traceback__)
+            raise
+    return call
+
+
+# %% ../nbs/24_trainer.ipynb #99b506cc
+@frees_on_error
 def setup(cfg: Config, run: RunDir, resume: bool = False, dist: Dist | None = None,
           task: Task | None = None, # your own data and rewards (the rewards lesson); None: the config's
           policy=None) -> Session: # a loaded `(model, tokenizer)` to train in place; None: `model.name_or_path`
@@ -193,28 +215,34 @@ def setup(cfg: Config, run: RunDir, resume: bool = False, dist: Dist | None = No
     algo = make_algorithm(cfg, model)
     if own is not None and own.get("algo") is not None: algo.load_state_dict(own["algo"])
     engine, gen = build_engine(cfg, model, tok, dist)
-    model, opt = dist.prepare(model, opt)  # DDP / FSDP2 with several processes; unchanged on one
-    if state is not None and state.get("optimizer_format") == "fqn":  # an FSDP2 run's checkpoint
-        load_optimizer_state(model, opt, state["optimizer"], "fqn")
-    algo.distribute(dist)
-    s = Session(model, tok, opt, ref, algo, engine, Sampler(cfg, engine, tok, dist=dist, task=task),
-                state["step"] if state else 0, gen, dist)
-    # an engine with its own weights loaded them from `model.name_or_path`: a checkpoint or a given policy is not that
-    if engine.caps.own_weights and (state is not None or policy is not None): s.refresh_engine()
+    with closed_on_error(engine):  # the data, the sampler: a failure from here on closes the engine
+        model, opt = dist.prepare(model, opt)  # DDP / FSDP2 with several processes; unchanged on one
+        if state is not None and state.get("optimizer_format") == "fqn":  # an FSDP2 run's checkpoint
+            load_optimizer_state(model, opt, state["optimizer"], "fqn")
+        algo.distribute(dist)
+        # it drops the prompts that cannot fit, with the new tokens, the context of the weights decoded
+        sampler = Sampler(cfg, engine, tok, dist=dist, task=task, model_config=gen.config)
+        s = Session(model, tok, opt, ref, algo, engine, sampler, state["step"] if state else 0, gen, dist)
+        # an engine with its own weights loaded `model.name_or_path`; a checkpoint, a given policy are not it
+        if engine.caps.own_weights and (state is not None or policy is not None): s.refresh_engine()
     return s
+
 
 # %% ../nbs/24_trainer.ipynb #d15c0002
 def check_disk(cfg: Config, run: RunDir, policy=None, # `policy`: a given `(model, tokenizer)`, if any
                free: int | None = None): # bytes free under `train.out` (None: the disk's)
-    "Before anything loads: a one-line `ConfigError` when `train.out`'s disk cannot hold a checkpoint"
+    ("Before anything loads: a one-line `ConfigError` when `train.out`'s disk cannot hold two checkpoints "
+     "(a save writes the new one beside the old)")
     try: hf = policy_config(cfg, policy)
     except ConfigError: return  # a hub id neither cached nor of a known shape: nothing to size it from
     m = cfg.model
     need = checkpoint_bytes(hf, m.lora_r, m.lora_alpha, m.lora_target)["total"]
     have = (shutil.disk_usage(run.root).free if free is None else free) + tree_bytes(run.checkpoint)
-    if have < need:
+    # a save writes the new checkpoint beside the old one: two on the disk until the old one is removed
+    if have < 2 * need:
         raise ConfigError(f"train.out: {run.root} has {have / 2**30:.2f} GiB free and a checkpoint of "
-                          f"this run takes {need / 2**30:.2f} GiB (float32 weights and AdamW's moments); "
+                          f"this run takes {need / 2**30:.2f} GiB (float32 weights and AdamW's moments), two at "
+                          "once while a save replaces one; "
                           "free some space or point train.out at a larger disk")
 
 
@@ -281,12 +309,13 @@ def evaluate_step(cfg: Config, s: Session, examples: list, step: int, progress: 
                            progress=progress, engine=s.engine,
                            sampling=sp, data=cfg.data, subset=cfg.train.eval_subset, task=s.sampler.task))
 
-def eval_examples_of(cfg: Config, task: Task | None, tok=None) -> list: # tok: drop what does not fit
+def eval_examples_of(cfg: Config, task: Task | None, tok=None, # tok: drop what does not fit
+                     model_config=None) -> list: # the policy's config: its context bounds a prompt too
     ("What the run evaluates on: its task's eval set; none for a task of its own without one; else the "
-     "config's; with `tok`, only prompts that fit `rollout.max_prompt_tokens`")
+     "config's; with `tok`, only prompts within `prompt_limit`")
     if task is not None and task.eval is not None: ex = task.eval
     else: ex = [] if task is not None and task.train is not None else eval_examples(cfg)
-    return fitting_prompts(ex, tok, cfg.data, cfg.rollout.max_prompt_tokens, "eval prompts") if tok else ex
+    return fitting_prompts(ex, tok, cfg.data, prompt_limit(cfg, model_config), "eval prompts") if tok else ex
 
 # %% ../nbs/24_trainer.ipynb #2ad76a2f
 def check_algorithm(cfg: Config):
@@ -448,6 +477,7 @@ def run_steps(rl: RunLog, end: int, # steps `rl.s.start` .. `end - 1`, unless th
     return done, spent, why
 
 # %% ../nbs/24_trainer.ipynb #ec1ae6d2
+@frees_on_error
 def train(cfg: Config, # the validated config
           resume: bool = False, # continue from `cfg.train.out/checkpoint`
           progress: bool = True, # show progress bars
@@ -465,11 +495,11 @@ def train(cfg: Config, # the validated config
     dist = init_dist(cfg, cpu=device_of(cfg) == "cpu")  # several processes when a launcher started them
     if device_of(cfg) == "cuda": check_gpu_memory(cfg, dist, policy)  # `bppo plan`'s verdict, before any load
     run = open_run_on(dist, cfg, resume, overwrite, policy)  # with `check_disk`
-    s = setup(cfg, run, resume, dist, task, policy)
-    eval_set, evals = eval_examples_of(cfg, task, s.tok), rows_after(dist, run, s.start)
-    reporter = Reporter(cfg, run.root) if dist.main else None  # `train.report_to`: dashboards
-    rl = RunLog(cfg, s, run, eval_set if evaluate_every else [], evals, reporter, on_log, progress)
+    s, reporter = setup(cfg, run, resume, dist, task, policy), None  # a failed `setup` closed its engine
     try:
+        eval_set, evals = eval_examples_of(cfg, task, s.tok, s.gen.config), rows_after(dist, run, s.start)
+        reporter = Reporter(cfg, run.root) if dist.main else None  # `train.report_to`: dashboards
+        rl = RunLog(cfg, s, run, eval_set if evaluate_every else [], evals, reporter, on_log, progress)
         check_budget(cfg, s.engine)
         # a resumed run's budget counts the steps before its checkpoint
         spent = run_cost(read_jsonl_rows(run.metrics), t.budget_unit) if t.budget else 0.0
@@ -484,6 +514,6 @@ def train(cfg: Config, # the validated config
                     first_eval=evals[0] if evals else None, last_eval=evals[-1] if evals else None,
                     stopped=why, spent=spent if t.budget else None)
     finally:
-        if rl.reporter: rl.reporter.close()
+        if reporter: reporter.close()
         # a second run in this process builds its own engine (vLLM: its share of the GPU again)
         s.engine.close()
