@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import torch
 from transformers.utils import logging as hf_logging
-from .config import Config, ConfigError, PRESETS, get_config
+from .config import Config, ConfigError, PRESETS, get_config, set_value
 from .data import DataError
 from .evaluate import eval_examples, evaluate
-from .policy import fitting_prompts, load_policy
-from .rollout import SamplingParams
+from .policy import fitting_prompts, load_policy, prompt_limit
+from .rollout import SamplingParams, engine_class
 from .sampler import make_engine
 
 # %% auto #0
@@ -33,18 +33,24 @@ def _fmt(v):
 
 def cmd_eval(args, cfg: Config) -> int:
     seed_everything(cfg.train.seed)
+    # the checkpoint is the model evaluated: every engine is built for it, not for the config's model
+    if args.checkpoint: set_value(cfg, "model.name_or_path", str(args.checkpoint))
+    engine_class(cfg.rollout.engine).check(cfg)  # an engine that cannot run here, before anything loads
     ex = eval_examples(cfg)  # data errors before the model is loaded
     dev = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.train.device == "auto" else cfg.train.device
-    model, tok = load_policy(args.checkpoint or cfg.model.name_or_path, cfg.model.dtype, dev)
+    model, tok = load_policy(cfg.model.name_or_path, cfg.model.dtype, dev)
     r = cfg.rollout
-    ex = fitting_prompts(ex, tok, cfg.data, r.max_prompt_tokens, "eval prompts")
+    ex = fitting_prompts(ex, tok, cfg.data, prompt_limit(cfg, model.config), "eval prompts")
     sp = SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
                         max_new_tokens=r.max_new_tokens, seed=cfg.train.seed, logprobs=False)
     # the engine training evaluates with (`rollout.engine`: the kit's by default, vLLM on GPUs), not a fixed one
     engine = make_engine(cfg, model, tok, progress=not args.quiet)
-    try: res = evaluate(model, tok, ex, samples=args.samples, sampling=sp, engine=engine, data=cfg.data)
+    try:
+        # an engine with weights of its own samples the ones loaded here (LoRA merged), as in training
+        if engine.caps.own_weights: engine.sync_weights(model)
+        res = evaluate(model, tok, ex, samples=args.samples, sampling=sp, engine=engine, data=cfg.data)
     finally: engine.close()
-    res["checkpoint"] = str(args.checkpoint or cfg.model.name_or_path)
+    res["checkpoint"] = cfg.model.name_or_path
     for k, v in res.items(): print(f"{k:>28}  {_fmt(v)}")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
@@ -63,17 +69,18 @@ def cmd_sft(args, cfg: Config) -> int:
 def _rank0() -> bool: return os.environ.get("RANK", "0") in ("", "0")
 
 def cmd_train(args, cfg: Config) -> int:
-    from bppo_kit.runs import load_trainer_state, plot_run
+    from bppo_kit.runs import load_trainer_state, plot_run, restore_checkpoint
     # the script API's trainer: `bppo train` is a script with the config's data
     from bppo_kit.api import RLTrainer
     try: s = RLTrainer(args=cfg).train(resume=args.resume, progress=not args.quiet, overwrite=args.overwrite)
     except KeyboardInterrupt:
-        ckpt = Path(cfg.train.out) / "checkpoint"
+        # a Ctrl-C between a save's two renames: the whole old checkpoint back in its place, as `--resume` would
+        ckpt = restore_checkpoint(Path(cfg.train.out)) if _rank0() else Path(cfg.train.out) / "checkpoint"
         try:
             saved = (f"the checkpoint in {ckpt} holds step {load_trainer_state(ckpt)['step']} "
                      "(continue with --resume)")
         except FileNotFoundError: saved = "no checkpoint was saved"
-        except ConfigError as e: saved = str(e)  # killed while a large checkpoint was rewritten in place
+        except ConfigError as e: saved = str(e)  # a checkpoint the earlier in-place rewrite left half-done
         if _rank0(): print(f"bppo: interrupted; {saved}", file=sys.stderr)
         return 130
     if s["rank"]: return 0  # under `accelerate launch` the first process reports

