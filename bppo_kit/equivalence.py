@@ -46,15 +46,36 @@ def _expand_pm(f: str) -> str:
         else: out.append(p)
     return ", ".join(x.strip() for x in out)
 
+# %% ../nbs/08c_equivalence.ipynb #472e7a4c
+# a letter or a command that is no operator's (\alpha, \www), with a subscript or primes: x, a_1, S_{ABC}, A'
+_ATOM = (r"(?:[A-Za-z]|\\(?!(?:frac|sqrt|sin|cos|tan|cot|sec|csc|log|ln|exp|pm|mp|cdot|times|div|pi|infty)"
+         r"(?![A-Za-z]))[A-Za-z]+(?![A-Za-z]))(?:_\{[^{}]{1,20}\}|_\w)?'*")
+# letters side by side, no number or power: x, AB, xy, S_{ABC}, Area
+_PROD = rf"(?:{_ATOM}\s*){{1,12}}"
+# a name, a named angle, a length between bars, a segment, an area in brackets, a function's value
+_ONE = (rf"(?:{_PROD}|(?:m\s*)?\\(?:measured)?angle\s*{_PROD}|\|\s*{_PROD}\||\\overline\{{\s*{_PROD}\}}"
+        rf"|\[\s*{_PROD}\]|[A-Za-z](?:\^\{{?-1\}}?)?\s*\([\w\s,.+\-]{{1,12}}\))")
+# a label: one of those, a ratio or fraction of two (AE:EC, AE/EC, \frac{AE}{EC}), or a tuple of names ((a, b))
+_LABEL = re.compile(rf"\s*(?:{_ONE}(?:\s*[/:]\s*{_ONE})?|\\frac\{{\s*{_ONE}\}}\{{\s*{_ONE}\}}"
+                    rf"|\(\s*{_PROD}(?:,\s*{_PROD})*\))\s*")
+_CLOSED = re.compile(r"(?:\\[A-Za-z]+|\bmod\b|[^A-Za-z])*")  # no variable: numbers, operators, commands
+_EQUALS = re.compile(r"(?<![<>!:=\\])=(?!=)")
+def _stated_value(eq: str) -> str | None:
+    "`V` in `L = … = V` when each side before it is a label (or computes it); None for an equation"
+    *sides, value = _EQUALS.split(eq)
+    value = value.strip()
+    if not sides or not value: return None
+    labels = [bool(_LABEL.fullmatch(s)) for s in sides]
+    if not all(x or _CLOSED.fullmatch(s) for x, s in zip(labels, sides, strict=True)): return None
+    # 17 \bmod 5 = 2 computes its value; 7 = 11a + c is an equation
+    return value if all(labels) or _CLOSED.fullmatch(value) else None
+
 # %% ../nbs/08c_equivalence.ipynb #02e9acb4
 _FUNC = r"[A-Za-z](?:\^\{?-1\}?)?\s*\(\s*[A-Za-z]\s*\)"  # f(x), g(t), f^{-1}(x)
 _NAME = r"[A-Za-z](?:_\{?\w{1,3}\}?)?"  # x, a_1, x_{12}
-_ASSIGN = re.compile(rf"\s*(?:{_NAME}|{_FUNC})\s*=\s*([^=]+)")
 _ASSIGN_R = re.compile(rf"\s*([^=]+?)\s*=\s*{_NAME}\s*")  # 5 = x
 _FUNC_EQ = re.compile(rf"\s*(?:y|{_FUNC})\s*=\s*([^=]+)")  # y = 2x+3 and f(x) = 2x+3 name the same function
-_CLOSED = re.compile(r"(?:\\[A-Za-z]+|\bmod\b|[^A-Za-z])*")  # no variable: numbers, operators, commands
-_NAMES = re.compile(rf"\s*(?:{_FUNC}|\(?\s*{_NAME}(?:\s*,\s*{_NAME})*\s*\)?)\s*")  # x, a_1, f(x), (a, b)
-_EQUALS = re.compile(r"(?<![<>!:=\\])=(?!=)")
+_NAMED = re.compile(rf"\s*{_ONE}\s*:\s*([^:=]+)")  # h: 12, Area: 30
 _COLUMN = re.compile(r"\\begin\{[pb]matrix\}([^&]*?)\\end\{[pb]matrix\}", re.DOTALL)
 _HOUR = re.compile(r"(\d{1,2})\s*[ap]\.?\s*m\.?", re.I)  # 6 p.m.: a time on the hour
 def answer_forms(s: str, other: str) -> list[str]:
@@ -62,16 +83,19 @@ def answer_forms(s: str, other: str) -> list[str]:
     n, o = normalize_answer(s), normalize_answer(other)
     forms = [n]
     if "=" in n and "=" not in o and len(n) < 300:
-        # x = 10,080: one value, commas and all
-        if m := _ASSIGN.fullmatch(n): forms.append(m.group(1).strip())
+        # x = 10,080 (commas and all), AB = 5, x = y = 3, 85 \bmod 3 = 2: the value; x^2 + y^2 = 25: none
+        if v := _stated_value(n): forms.append(v)
+        # a = 1, b = 2 (or 5 = x): the values in order
         parts = _split_top(n)
-        rhs = [_ASSIGN.fullmatch(p) or _ASSIGN_R.fullmatch(p) for p in parts]
-        if all(rhs): forms.append(", ".join(m.group(1).strip() for m in rhs))
-        # 85 \bmod 3 = 2: the 2; but x^2 + y^2 = 25 is an equation, not the number 25
-        sides = _EQUALS.split(n)
-        if len(parts) == 1 and _CLOSED.fullmatch("".join(sides[:-1])) and sides[-1].strip():
-            forms.append(sides[-1].strip())
-    elif "=" in n and (m := _FUNC_EQ.fullmatch(n)) and _FUNC_EQ.fullmatch(o): forms.append(m.group(1).strip())
+        rhs = [_stated_value(p) or ((m := _ASSIGN_R.fullmatch(p)) and m.group(1).strip()) for p in parts]
+        if all(rhs): forms.append(", ".join(rhs))
+    elif "=" in n and "=" in o and len(n) < 300:
+        # f(x) = 2x+3 against y = 2x+3; g(t) = 4, g(t) = -4 against g(x) = 4, g(x) = -4: the right-hand sides
+        ms = [_FUNC_EQ.fullmatch(p) for p in _split_top(n)]
+        if all(ms) and all(_FUNC_EQ.fullmatch(p) for p in _split_top(o)):
+            forms.append(", ".join(m.group(1).strip() for m in ms))
+    elif ":" in n and ":" not in o and (m := _NAMED.fullmatch(n)) and _CLOSED.fullmatch(m.group(1)):
+        forms.append(m.group(1).strip())
     if _BASE.fullmatch(n) and "_" not in o: forms.append(n.split("_")[0])  # 52_8 vs 52: the base was implied
     # 6 p.m. against a bare number: the hour as written (against a time, `_clock` compares it as 18:00)
     if n[-1:] in "mM" and (m := _HOUR.fullmatch(n)) and _PLAIN_NUMBER.fullmatch(o): forms.append(m.group(1))
@@ -194,9 +218,8 @@ def quick_equal(pred: str, gold: str) -> bool | None:
     ps, gs = answer_forms(pred, gold), answer_forms(gold, pred)
     if not ps[0] or not gs[0]: return False
     if any(_key(p) == _key(g) for p in ps for g in gs): return True
-    # a + b = 10 is an equation: a bare 10 states one of its sides (x = 10 and (a, b) = (1, 2) name values)
-    if (all(_EQUALS.search(g) for g in gs) and not any(_EQUALS.search(p) for p in ps)
-            and not _NAMES.fullmatch(_EQUALS.split(gs[0])[0])): return False
+    # a + b = 10 is an equation: a bare 10 states one of its sides (a label's value, AB = 5, is one of its forms)
+    if all(_EQUALS.search(g) for g in gs) and not any(_EQUALS.search(p) for p in ps): return False
     # 52_8 vs 52_9, or 41_8 vs 52_7: not the same
     if _BASE.fullmatch(ps[0]) and _BASE.fullmatch(gs[0]): return False
     # the point (1, 2) is not the set {1, 2}
@@ -210,8 +233,8 @@ def quick_equal(pred: str, gold: str) -> bool | None:
     if True in verdicts: return True
     if None not in verdicts: return False
     if (a := _clock(ps[0])) is not None and (b := _clock(gs[0])) is not None: return a == b  # times of day
-    # as written
-    if " " in gs[0] and _is_phrase(gs[0]): return _is_phrase(ps[0]) and _same_phrase(ps[0], gs[0])
+    # as written (a phrase gold; Perimeter: 4\sqrt{5} labels a value)
+    if all(" " in g and _is_phrase(g) for g in gs): return _is_phrase(ps[0]) and _same_phrase(ps[0], gs[0])
     words = re.compile(r"[A-Za-z][A-Za-z '\-]*")
     if all(words.fullmatch(x) for x in (ps[0], gs[0])): return False  # two different words
     if len(ps[0]) >= MAX_ANSWER or len(gs[0]) >= MAX_ANSWER: return False

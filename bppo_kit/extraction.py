@@ -132,6 +132,8 @@ _COMMAND_OR_TEXT = re.compile(r"\\(?:text|textbf|mathrm|mbox|begin|end)\s*\{[^{}
 _BARE_WORDS = {"and", "or", "sqrt", "pi", "infty", "inf", "infinity", "percent", "percentage", "pct", "per",
                "cent", "dollars", "cents", "degrees", "units",
                "thousand", "million", "billion", "trillion", "option", "choice"}
+# W(x)=1orW(x)=-1: "or" glued between a value and a function's name
+_GLUED = re.compile(r"(?<=[\d)}])(?:or|and)(?=[A-Za-z]\s*\()")
 def looks_bare(text: str) -> bool:
     ("Is `text` itself an answer (short, and no prose words outside LaTeX commands), like `$\\frac12$` or "
      "`7,425,000`?")
@@ -139,6 +141,7 @@ def looks_bare(text: str) -> bool:
     if not s or len(s) > 200 or "\n" in s: return False
     # Evelyn, east
     if re.fullmatch(r"[A-Za-z][A-Za-z'\-]{0,30}( [A-Za-z][A-Za-z'\-]{0,30}){0,2}\.?", s): return True
+    if "or" in s or "and" in s: s = _GLUED.sub(" ", s)
     words = re.findall(r"(?<![\\A-Za-z])[A-Za-z]{3,}", _COMMAND_OR_TEXT.sub(" ", s))
     return all(w.lower() in _BARE_WORDS for w in words)
 
@@ -163,9 +166,9 @@ def answer_tag(text: str) -> str | None:
     return None
 
 # %% ../nbs/08a_extraction.ipynb #36eb4ca6
-# lambda: 42, () => 42, ${6*7}, {{ 6*7 }}
+# lambda: 42, () => 42, ${6*7}, {{ 6*7 }}; but ${-7, 7}$ is LaTeX: a dollar closes it
 _TEMPLATE = re.compile(r"\blambda\b[^:\n]{0,40}:|\([\w\s,]{0,40}\)\s*=>"
-                       r"|\$\{[^{}\n]{0,80}\}|\{\{\s[^{}\n]{0,80}\s\}\}")
+                       r"|\$\{[^{}\n]{0,80}\}(?!\$)|\{\{\s[^{}\n]{0,80}\s\}\}")
 # program text, reprs, REPL sessions, tracebacks, logs and HTTP dumps: no answer statement
 _CODE = re.compile(
     r"```|__[A-Za-z][A-Za-z0-9_]{0,30}__|\b0x[0-9a-fA-F]{4,}|<[\w.]+ object at "
@@ -413,6 +416,8 @@ TASK_POLICIES = {  # task -> extraction policy
 
 # %% ../nbs/08a_extraction.ipynb #71e30bbd
 _ANSWER_IS = re.compile(r"(?i)^\s*(?=answer\s*(?:is\b|:))")  # a gold that opens "answer is 12"
+_ESCAPED = re.compile(r"(?<!\\)\\(?=\\(?:boxed|fbox|text|frac|dfrac|sqrt)(?![A-Za-z]))")  # \\boxed{: \boxed{
+_OPEN_BOX = re.compile(r"\\(?:boxed|fbox)\s*\{")
 def gold_answer(gold, # the reference: bare, `... #### N`, a solution with `\boxed{}`, or a number
                 task: str = "auto") -> str: # the data set it comes from (a key of `TASK_POLICIES`)
     "The bare answer in a gold reference"
@@ -421,9 +426,13 @@ def gold_answer(gold, # the reference: bare, `... #### N`, a solution with `\box
     if isinstance(gold, float):
         return str(int(gold)) if gold.is_integer() and abs(gold) < 1e15 else repr(gold)
     g = clean_text(gold)
+    if "\\\\" in g: g = _ESCAPED.sub("", g)
     if "####" in g: g = g.rsplit("####", 1)[1].strip().split("\n")[0]
     elif "\\boxed" in g or "\\fbox" in g:
         b = boxed_answer(g)
+        # a box the reference never closes: its answer runs to the end
+        if b is None and not _boxed_spans(g) and (opened := list(_OPEN_BOX.finditer(g))):
+            b = (0, g[opened[-1].end():])
         if b is not None: g = b[1]
     elif ((len(g) > 30 or "nswer" in g) and not looks_bare(g)
           and (a := extract_answer(_ANSWER_IS.sub("The ", g), False, bare=False))[1] == "phrase"):

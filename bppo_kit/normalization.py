@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from decimal import Decimal
 from fractions import Fraction
-from .extraction import MAX_ANSWER, clean_text
+from .extraction import MAX_ANSWER, _GLUED, clean_text
 
 # %% auto #0
 __all__ = ['normalize_answer', 'to_number']
@@ -167,6 +167,7 @@ def normalize_answer(s: str) -> str:
     if _PLAIN_NUMBER.fullmatch(s): return s  # the common case, kept fast
     s = _normalize_latex(s)
     s = re.sub(r"\s*,?\s+(?:or|and)\s+", ", ", s)  # 1, 2, and 3
+    if "or" in s or "and" in s: s = _GLUED.sub(", ", s)  # f(x)=1orf(x)=-1
     s = re.sub(r"(?<![A-Za-z])\\?sqrt\s*\(([^()]{1,100})\)", r"\\sqrt{\1}", s)  # sqrt(2) -> \sqrt{2}
     s = re.sub(r"(?<![\\A-Za-z])(sqrt|pi|infty)(?![A-Za-z])", r"\\\1", s)
     s = re.sub(r"(?<![A-Za-z])\\?(?:infinity|infin|inf)(?![A-Za-z])", r"\\infty", s)

@@ -475,6 +475,39 @@ def test_issue44_kinds(gold, response, correct):
     assert score(response, gold, "math").correct is correct, score(response, gold, "math")
 
 
+# ---- issue 53: a gold that names what it answers is not an equation -------------------------------------------------
+
+def test_label_probes():
+    """Issue 53's probes (tests/data/verifier_labels.md): labels whose value answers them (a segment, a length
+    between bars, a ratio or fraction of named quantities, a subscripted or colon-named quantity, several labelled
+    values, a chain of names, plus-or-minus, several boxed golds, a pair against plain braces, a function's values
+    joined by and/or) and equations that a side of them does not answer. The 87 rows written before the change
+    were graded then: 55 of 87 (labels 24 of 55, equations 31 of 32; plain math-verify 74 of 87). Every row must now
+    be right"""
+    rows = read_jsonl(TABLES / "verifier_labels.jsonl")
+    assert len(rows) == 90 and sum(r["written"] == "before" for r in rows) == 87
+    assert len({(r["gold"], r["pred"]) for r in rows}) == len(rows)
+    # at least 25 probes of each side: labels that must pass, equations a bare side of which must fail
+    assert sum(r["side"] == "label" and r["expected"] for r in rows) >= 25
+    assert sum(r["side"] == "equation" and not r["expected"] for r in rows) >= 25
+    got = score_batch([r["pred"] for r in rows], [r["gold"] for r in rows], [r["task"] for r in rows])
+    wrong = [(r["kind"], r["gold"], r["pred"], s.extracted) for r, s in zip(rows, got, strict=True)
+             if s.correct != r["expected"]]
+    assert wrong == [], wrong
+
+ISSUE53 = [  # (gold, response, correct): the rule's edges, in examples of our own
+    ("CD = 9", "\\boxed{9}", True), ("CD = 9", "\\boxed{CD = 9}", True), ("CD = 9", "EF = 9", False),
+    ("2CD = 9", "\\boxed{9}", False), ("CD^2 = 9", "\\boxed{9}", False),
+    ("u = v = w = 1", "\\boxed{1}", True), ("u + v = w = 1", "\\boxed{1}", False), ("4 = 2r", "\\boxed{2r}", False),
+    ("\\text{Volume}: 64", "So the volume is 64.", True), ("r: 3", "\\boxed{4}", False),
+    ("10:30", "\\boxed{30}", False),
+    ("\\pm 4", "${-4, 4}$", True), ("\\pm 4", "${-4, 5}$", False), ("56", "\\boxed{${7*8}}", False),
+]
+
+@pytest.mark.parametrize("gold,response,correct", ISSUE53)
+def test_issue53_edges(gold, response, correct):
+    assert score(response, gold, "math").correct is correct, score(response, gold, "math")
+
 # ---- issue 31: a reward that cannot be gamed ------------------------------------------------------------------------
 
 def test_junk_table_scores_zero():
