@@ -62,7 +62,7 @@ class RolloutConfig:
     # kit: the kit's continuous batching; hf: transformers' generate, the baseline; vllm: GPUs; or one you register
     # (the core lesson's engine interface)
     engine: str = "kit"
-    max_slots: int = param(256, ge=1)  # kit engine: requests decoded at once (KV-cache rows)
+    max_slots: int = param(256, ge=1)  # kit and hf engines: requests decoded at once (KV-cache rows)
     # T-PPO: new tokens per response per step (PPO, GRPO, BPPO: whole responses)
     window: int = param(32, ge=0)
     group_size: int = param(8, ge=1)  # completions per prompt; BPPO still samples all of them

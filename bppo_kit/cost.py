@@ -5,18 +5,23 @@
 # %% ../nbs/23b_cost.ipynb #1b138a9b
 from __future__ import annotations
 import json, math
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
 from .config import Config, ConfigError, load_config
-from .rollout import engine_caps
+from .kit_engine import KitEngine
+from .rollout import engine_caps, engine_class
 from .plan import Arch, arch_of, model_config
 from .runs import read_jsonl_rows
 
 # %% auto #0
-__all__ = ['GPUS', 'ASSUMED', 'PHASES', 'GPU', 'gpu_of', 'Efficiency', 'shape', 'decode_pass', 'decode_pass_seconds',
-           'prefill_seconds', 'update_seconds', 'sync_seconds', 'coarse_passes', 'step_cost', 'scale_lengths',
-           'length_scale', 'pipeline', 'predict_run', 'write_cost', 'config_step', 'plan_seconds', 'cost_lines']
+__all__ = ['GPUS', 'ASSUMED', 'SAMPLER_BYTES', 'PHASES', 'GPU', 'gpu_of', 'Efficiency', 'shape', 'decode_pass',
+           'decode_pass_seconds', 'op_bytes', 'sampler_bytes', 'prefill_seconds', 'update_seconds', 'sync_seconds',
+           'coarse_passes', 'step_cost', 'scale_lengths', 'length_scale', 'pipeline', 'predict_run', 'write_cost',
+           'config_step', 'plan_seconds', 'cost_lines']
 
 # %% ../nbs/23b_cost.ipynb #04b98caa
 @dataclass(frozen=True)
@@ -62,13 +67,14 @@ def shape(model: str | Arch) -> Arch:
 
 # %% ../nbs/23b_cost.ipynb #b2025ff4
 def decode_pass(model, gpu, rows: int, context: float, # rows decoded; cached tokens their attention reads
-                dtype_bytes: int = 2, eff: Efficiency = ASSUMED) -> dict:
+                dtype_bytes: int = 2, eff: Efficiency = ASSUMED,
+                sampler_bytes: float = 0) -> dict: # the engine's sampler: bytes per row and vocabulary column
     ("One decoding pass of `rows` rows whose attention reads `context` cached tokens in all: FLOPs, bytes, "
      "seconds and which bound")
     a, g = shape(model), gpu_of(gpu)
     kv = 2 * a.layers * a.kv_heads * a.head_dim * dtype_bytes  # bytes of one cached token
     acts = dtype_bytes * rows * a.layers * (8 * a.hidden + 3 * a.inter) + 4 * rows * a.vocab
-    nbytes = dtype_bytes * a.matmul + kv * context + acts
+    nbytes = dtype_bytes * a.matmul + kv * context + acts + sampler_bytes * rows * a.vocab
     flops = 2 * a.matmul * rows + 4 * a.layers * a.heads * a.head_dim * context
     memory_s, compute_s = nbytes / (g.bandwidth * eff.bandwidth), flops / (g.flops * eff.decode_flops)
     return dict(flops=flops, bytes=nbytes, seconds=max(memory_s, compute_s),
@@ -77,6 +83,33 @@ def decode_pass(model, gpu, rows: int, context: float, # rows decoded; cached to
 def decode_pass_seconds(model, gpu, rows: int, context: float, **kw) -> float:
     "Predicted seconds of one decoding pass of `rows` rows reading `context` cached tokens in all on `gpu`"
     return decode_pass(model, gpu, rows, context, **kw)["seconds"]
+
+# %% ../nbs/23b_cost.ipynb #7a3c5e02
+class _OpBytes(TorchDispatchMode):
+    "Sums the bytes of every op's tensor inputs and outputs"
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        tensors = [t for t in tree_flatten((args, kwargs or {}, out))[0] if isinstance(t, torch.Tensor)]
+        self.bytes += sum(t.numel() * t.element_size() for t in tensors)
+        return out
+
+def op_bytes(fn, *args, **kw) -> int:
+    "Bytes the ops of `fn(*args, **kw)` read and write, each op its inputs and output once (eager PyTorch)"
+    with _OpBytes() as mode:
+        mode.bytes = 0
+        fn(*args, **kw)
+    return mode.bytes
+
+# the kit engine's `sample_tokens` per row and vocabulary column at Qwen2.5's vocabulary: (no truncation,
+# top-k/top-p)
+SAMPLER_BYTES = KitEngine.SAMPLER_BYTES
+
+def sampler_bytes(cfg: Config) -> float:
+    ("Bytes a run's sampler moves per row and vocabulary column: its engine's `SAMPLER_BYTES` (the kit's "
+     "draw); an engine without one is not priced")
+    r = cfg.rollout
+    per = getattr(engine_class(r.engine), "SAMPLER_BYTES", None)
+    return per[r.top_p < 1 or r.top_k > 0] if per and r.temperature > 0 else 0
 
 # %% ../nbs/23b_cost.ipynb #b85d1d9e
 def prefill_seconds(model, gpu, tokens: float, dtype_bytes: int = 2, eff: Efficiency = ASSUMED) -> float:
@@ -113,12 +146,13 @@ def coarse_passes(row: dict) -> dict:
     return {str(n): [max(1, round(tokens / n)), 0]} if n and tokens else {}
 
 def step_cost(row: dict, model, gpu, own_weights: bool = False, checkpointing: bool = False, gpus: int = 1,
-              eff: Efficiency = ASSUMED) -> dict:
+              eff: Efficiency = ASSUMED, sampler: float = 0) -> dict: # `sampler_bytes` of the run's engine
     ("A metrics row's predicted seconds on each of `gpus` GPUs: decode (pass by pass), prefill, update, "
      "sync; the rollout's FLOPs, bytes and operations per byte")
     n, flops, nbytes, decode_s = max(1, gpus), 0.0, 0.0, 0.0
     for rows, (passes, ctx) in (row.get("decode_rows") or coarse_passes(row)).items():
-        p = decode_pass(model, gpu, math.ceil(int(rows) / n), ctx / passes / n, eff=eff)
+        p = decode_pass(model, gpu, math.ceil(int(rows) / n), ctx / passes / n, eff=eff,
+                        sampler_bytes=sampler)
         decode_s += passes * p["seconds"]
         flops += passes * p["flops"]
         nbytes += passes * p["bytes"]
@@ -174,7 +208,8 @@ def predict_run(run: Path, model, gpu, gpus: int = 1, k: int = 0, own_weights: b
     if not m: raise ConfigError(f"cost: no metrics.jsonl rows in {run}")
     cfg = load_config(Path(run) / "config.yaml")
     own = engine_caps(cfg).own_weights if own_weights is None else own_weights
-    steps = [step_cost(r, model, gpu, own, cfg.model.gradient_checkpointing, gpus, eff) for r in m]
+    steps = [step_cost(r, model, gpu, own, cfg.model.gradient_checkpointing, gpus, eff, sampler_bytes(cfg))
+             for r in m]
     rollout = [s["decode_s"] + s["prefill_s"] + s["sync_s"] for s in steps]
     update = [s["update_s"] for s in steps]
     ends, in_turn = pipeline(rollout, update, k), pipeline(rollout, update, 0)
@@ -212,7 +247,7 @@ def config_step(cfg: Config) -> dict:
 def plan_seconds(cfg: Config, gpu, gpus: int = 1, eff: Efficiency = ASSUMED) -> dict:
     "Predicted seconds per step by phase (an upper bound, `config_step`) of `cfg`'s model on `gpus` x `gpu`"
     return step_cost(config_step(cfg), cfg.model.name_or_path, gpu, engine_caps(cfg).own_weights,
-                     cfg.model.gradient_checkpointing, gpus, eff)
+                     cfg.model.gradient_checkpointing, gpus, eff, sampler_bytes(cfg))
 
 # %% ../nbs/23b_cost.ipynb #4f3f6eef
 def _scaled(p: dict) -> str:

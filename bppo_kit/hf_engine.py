@@ -13,8 +13,8 @@ from .core import (Completion, Engine, EngineMemory, SamplingParams,
 from .policy import token_logprobs
 
 # %% auto #0
-__all__ = ['trim', 'encode_prompts', 'stop_ids', 'HFEngine', 'ChosenLogprobs', 'sampling_kwargs', 'hf_batch_available',
-           'HFBatchEngine', 'idle_fraction']
+__all__ = ['SAMPLING_BYTES', 'ALLOCATOR_SLACK', 'trim', 'encode_prompts', 'stop_ids', 'HFEngine', 'hf_generate_moments',
+           'ChosenLogprobs', 'sampling_kwargs', 'hf_batch_available', 'HFBatchEngine', 'idle_fraction']
 
 # %% ../nbs/07a_hf_engine.ipynb #d4729ed1
 def trim(row: list[int], stop_ids: set[int]) -> tuple[list[int], str]:
@@ -54,35 +54,85 @@ class HFEngine(Engine):
         self.stats = dict(generated_tokens=0, seconds=0.0, calls=0, requests=0)
 
     @classmethod
-    def memory(cls, cfg, seqs: int, seq_tokens: int, kv_per_token: int, weight_bytes: int,
-               gpu_bytes: int) -> EngineMemory:
-        "A KV cache for one `generate` batch, freed when it returns (the memory planner)"
-        return EngineMemory.kv_cache("hf engine KV cache", min(cls.MAX_BATCH, seqs),
-                                     seq_tokens, kv_per_token, False)
+    def from_config(cls, cfg, model, tok, dist=None, progress: bool = False):
+        "The engine of a run: `rollout.max_slots` sequences per `generate` call, the memory planner's knob"
+        return cls(model, tok, max_batch=cfg.rollout.max_slots, progress=progress)
+
+# %% ../nbs/07a_hf_engine.ipynb #4f1c2a02
+# bytes per row and vocabulary column: (sampling, what the next forward still holds), besides the head's
+# output in the
+# compute dtype while sampling; top-k / top-p add a sort's int64 indices, two more float32 copies and two
+# masks
+SAMPLING_BYTES = {False: (20, 12), True: (38, 16)}  # keyed by: top-k or top-p truncates
+ALLOCATOR_SLACK = 0.05  # of the peak: CUDA's caching allocator and a cache regrown every step (assumed)
+
+# shape: the model's sizes, `hidden`, `inter`, `layers`, `kv_heads`, `head_dim`, `vocab` (the planner's
+# `Arch`)
+def hf_generate_moments(shape,
+                        rows: int, prompt: int, new: int, # rows at once; prompt and new tokens each
+                        c: int = 2, # bytes of the compute dtype
+                        truncated: bool = False) -> dict: # top-k or top-p
+    "Bytes `model.generate` holds beyond the weights at each moment that can be its peak"
+    layer_kv = shape.kv_heads * shape.head_dim * c  # one layer's keys (or values) of one token
+    cache = rows * (prompt + new) * 2 * shape.layers * layer_kv
+    sampling, kept = SAMPLING_BYTES[truncated]
+    mlp = (3 * shape.inter + 4 * shape.hidden + 2 * shape.head_dim) * c
+    return {"prefill": rows * prompt * (mlp + prompt + 2 * shape.layers * layer_kv),
+            "decode forward": cache + rows * (prompt + new) * layer_kv + rows * shape.vocab * kept,
+            "sampling": cache + rows * shape.vocab * (sampling + c)}
+
+# %% ../nbs/07a_hf_engine.ipynb #4f1c2a05
+@patch(cls_method=True)
+def memory(cls: HFEngine, cfg, seqs: int, seq_tokens: int, kv_per_token: int, weight_bytes: int,
+           gpu_bytes: int, *, shape=None) -> EngineMemory: # the model's sizes (the planner's `Arch`)
+    ("What one `generate` batch holds at its peak, freed when it returns (the memory planner); fewer rows "
+     "shrink it")
+    rows = min(cfg.rollout.max_slots, seqs)
+    fewer = [("rollout.max_slots", s) for s in range(rows - 1, 0, -1)]
+    kv = EngineMemory.kv_cache("hf engine KV cache", rows, seq_tokens, kv_per_token, False, fewer)
+    if shape is None: return kv
+    r, c = cfg.rollout, kv_per_token // (2 * shape.layers * shape.kv_heads * shape.head_dim)
+    truncated = r.top_p < 1 or r.top_k > 0
+    mo = hf_generate_moments(shape, rows, r.max_prompt_tokens, r.max_new_tokens, c, truncated)
+    peak = max(mo, key=mo.get)
+    slack = int(ALLOCATOR_SLACK * mo[peak])
+    notes = {"prefill": f"{rows} prompts' forward: MLP, mask, the cache so far",
+             "decode forward": "the cache, a layer's keys twice (torch.cat), the last logits",
+             "sampling": f"the cache, {rows} x {shape.vocab} logits and scores"}
+    moments = [(f"hf engine at its {k}", v, notes[k], k == peak) for k, v in mo.items()]
+    slack_row = ("hf engine allocator slack", slack,
+                 f"assumed: {ALLOCATOR_SLACK:.0%} of the peak; not tensors")
+    return EngineMemory(mo[peak] + slack, 0, rows, kv.rows + moments + [slack_row], fewer)
 
 # %% ../nbs/07a_hf_engine.ipynb #e338eb13
-from transformers import LogitsProcessor
+from transformers import LogitsProcessor, TopKLogitsWarper, TopPLogitsWarper
 
 class ChosenLogprobs(LogitsProcessor):
-    "Each sampled token's log-prob under the raw logits over `temperature`, recorded as `generate` samples it"
-    def __init__(self, temperature: float = 1.0):
+    "Each sampled token's log-prob under the distribution `generate` draws it from, recorded as it samples"
+    def __init__(self, temperature: float = 1.0, # 0: greedy (no warper; the raw logits)
+                 top_k: int = 0, top_p: float = 1.0):
         self.t, self.last, self.taken = temperature or 1.0, None, []
+        # transformers' own warpers in its order (top-k, then top-p), as `generate` applies them after this
+        self.warpers = []
+        if temperature and top_k > 0: self.warpers.append(TopKLogitsWarper(top_k))
+        if temperature and top_p < 1: self.warpers.append(TopPLogitsWarper(top_p))
 
     def take(self, tokens: torch.Tensor):
-        "The log-probs of `tokens` [rows] under the last step's logits"
+        "The log-probs of `tokens` [rows] under the last step's distribution"
         self.taken.append(token_logprobs(self.last, tokens))
         self.last = None
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         if self.last is not None: self.take(input_ids[:, -1])  # the token the last step sampled
-        self.last = scores.float() / self.t
+        last = scores.float() / self.t
+        for w in self.warpers: last = w(input_ids, last)
+        self.last = last
         return scores
 
     def finish(self, sequences: torch.Tensor) -> torch.Tensor:
         "[rows, new tokens] log-probs, once `generate` has returned `sequences`"
         if self.last is not None: self.take(sequences[:, -1])
         return torch.stack(self.taken, 1) if self.taken else torch.zeros(len(sequences), 0)
-
 
 # %% ../nbs/07a_hf_engine.ipynb #7ee44e44
 # every sampling field set: a model's own generation config (Qwen2.5-Instruct ships a repetition penalty,
@@ -117,7 +167,7 @@ def generate(self: HFEngine, prompts: list[str | list[int]], # text, or token id
                   unit="batch", leave=False, disable=not self.progress):
         chunk = flat[s:s + self.max_batch]
         enc = self.tok.pad({"input_ids": [x for _, x in chunk]}, return_tensors="pt").to(dev)
-        rec = ChosenLogprobs(sp.temperature) if sp.logprobs else None
+        rec = ChosenLogprobs(sp.temperature, sp.top_k, sp.top_p) if sp.logprobs else None
         g = self.model.generate(**enc, max_new_tokens=sp.max_new_tokens, pad_token_id=self.tok.pad_token_id,
                                 eos_token_id=sorted(stop), return_dict_in_generate=True,
                                 logits_processor=[rec] if rec else None, **sampling_kwargs(sp))
@@ -132,7 +182,6 @@ def generate(self: HFEngine, prompts: list[str | list[int]], # text, or token id
     self.stats["generated_tokens"] += sum(c.n_tokens for c in out)
     self.stats["requests"] += len(out)
     return out
-
 
 # %% ../nbs/07a_hf_engine.ipynb #a766519c
 def hf_batch_available(model) -> bool:

@@ -17,24 +17,35 @@ from .core import (Completion, Engine, EngineCaps, EngineMemory, Request, Sampli
 from .hf_engine import encode_prompts, stop_ids
 
 # %% auto #0
-__all__ = ['mix32', 'gumbel_noise', 'gumbel_argmax', 'filter_logits', 'sample_tokens', 'SlotCache', 'SlotModel', 'Slot', 'Batch',
-           'admit_waiting', 'record_pass', 'decode_step', 'accept_tokens', 'compaction', 'finish_slots',
-           'drop_cancelled', 'check_requests', 'KitEngine']
+__all__ = ['as_i32', 'mix32_', 'mix32', 'gumbel_noise', 'gumbel_argmax', 'filter_logits', 'sample_tokens', 'SlotCache',
+           'SlotModel', 'Slot', 'Batch', 'admit_waiting', 'record_pass', 'decode_step', 'accept_tokens', 'compaction',
+           'finish_slots', 'drop_cancelled', 'check_requests', 'KitEngine']
 
 # %% ../nbs/07b_kit_engine.ipynb #be516e55
 _M32 = 0xFFFFFFFF
 
-def _mul32(a: torch.Tensor, c: int) -> torch.Tensor:
-    "(a * c) mod 2^32 for int64 tensors holding values in [0, 2^32), without overflowing int64"
-    return ((((a >> 16) * c) & 0xFFFF) << 16) + ((a & 0xFFFF) * c) & _M32
+def _signed32(c: int) -> int:
+    "The int32 whose bits are the unsigned 32-bit `c`"
+    return c - (1 << 32) if c >= 1 << 31 else c
+
+def as_i32(x: torch.Tensor) -> torch.Tensor:
+    "int64 values in [0, 2^32) as int32 tensors with the same 32 bits"
+    return (x - ((x >> 31) << 32)).to(torch.int32)
+
+def mix32_(x: torch.Tensor) -> torch.Tensor:
+    "Wellons' lowbias32 in place on an int32 tensor of 32-bit values (its products wrap mod 2^32)"
+    # int32's >> copies the sign bit: the mask keeps what a logical shift keeps
+    x ^= (x >> 16) & 0xFFFF
+    x *= _signed32(0x7FEB352D)
+    x ^= (x >> 15) & 0x1FFFF
+    x *= _signed32(0x846CA68B)
+    x ^= (x >> 16) & 0xFFFF
+    return x
 
 def mix32(x: torch.Tensor) -> torch.Tensor:
-    "A 32-bit integer hash (Wellons' lowbias32) of int64 tensors holding values in [0, 2^32)"
-    x = x ^ (x >> 16)
-    x = _mul32(x, 0x7FEB352D)
-    x = x ^ (x >> 15)
-    x = _mul32(x, 0x846CA68B)
-    return x ^ (x >> 16)
+    "`mix32_` of int64 tensors holding values in [0, 2^32): int64 values in [0, 2^32)"
+    return mix32_(as_i32(x & _M32)).long() & _M32
+
 
 # %% ../nbs/07b_kit_engine.ipynb #1b41b865
 def gumbel_noise(seed: torch.Tensor, uid: torch.Tensor, t: torch.Tensor, vocab: int,
@@ -43,14 +54,22 @@ def gumbel_noise(seed: torch.Tensor, uid: torch.Tensor, t: torch.Tensor, vocab: 
     ("Gumbel(0, 1) noise `[n, stop - start]`, a pure function of each row's (seed, request id, token index) "
      "and column")
     key = mix32(mix32(mix32(seed & _M32) ^ (uid & _M32)) ^ (t & _M32))
-    v = torch.arange(start, vocab if stop is None else stop, device=key.device)
-    h = mix32((key[:, None] + _mul32(v, 0x9E3779B1)[None]) & _M32)
-    u = ((h >> 8).float() + 0.5) / 2 ** 24  # 24 bits: exactly representable, strictly inside (0, 1)
-    return -torch.log(-torch.log(u))
+    col = torch.arange(start, vocab if stop is None else stop, dtype=torch.int32, device=key.device)
+    col *= _signed32(0x9E3779B1)
+    h = mix32_(as_i32(key)[:, None] + col[None])
+    # the top 24 bits: exactly representable, and strictly inside (0, 1) once 0.5 is added
+    h >>= 8
+    h &= 0xFFFFFF
+    u = h.float()
+    u += 0.5
+    u /= 2 ** 24
+    # -log(-log(u)), in place
+    return u.log_().neg_().log_().neg_()
+
 
 # %% ../nbs/07b_kit_engine.ipynb #cbe76355
 def gumbel_argmax(scores: torch.Tensor, seed: torch.Tensor, uid: torch.Tensor, t: torch.Tensor,
-                  # noise made at once (elements): bounds the int64 temporaries
+                  # noise made at once (elements): bounds the temporaries
                   block: int = 1 << 22) -> torch.Tensor:
     ("`(scores + gumbel_noise(...)).argmax(-1)` for `scores [n, V]`, the noise made a block of columns "
      "at a time")
@@ -59,13 +78,16 @@ def gumbel_argmax(scores: torch.Tensor, seed: torch.Tensor, uid: torch.Tensor, t
     best = torch.full((n,), float("-inf"), dtype=scores.dtype, device=scores.device)
     nxt = torch.zeros(n, dtype=torch.long, device=scores.device)
     for a in range(0, V, cols):
-        z = scores[:, a:a + cols] + gumbel_noise(seed, uid, t, V, a, min(a + cols, V))
+        z, s = gumbel_noise(seed, uid, t, V, a, min(a + cols, V)), scores[:, a:a + cols]
+        # in place when the sum is float32 anyway (the engine's logits); float64 scores keep their precision
+        z = z.add_(s) if torch.promote_types(s.dtype, z.dtype) == z.dtype else s + z
         i = z.argmax(-1)
         top = z.gather(-1, i[:, None])[:, 0]
         # strictly greater: on a tie the earlier column wins, as in one argmax over the whole row
         won = top > best
         best, nxt = torch.where(won, top, best), torch.where(won, i + a, nxt)
     return nxt
+
 
 # %% ../nbs/07b_kit_engine.ipynb #e67abf03
 def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
@@ -85,11 +107,12 @@ def sample_tokens(logits: torch.Tensor, temperature: float, top_k: int, top_p: f
                   seed: torch.Tensor, uid: torch.Tensor,
                   t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     ("Next tokens for `logits [n, V]` (greedy when `temperature` is 0) and their log-probs under the "
-     "temperature")
-    lp = torch.log_softmax(logits / (temperature or 1.0), -1)
-    if temperature == 0: nxt = logits.argmax(-1)
-    else: nxt = gumbel_argmax(filter_logits(logits / temperature, top_k, top_p), seed, uid, t)
-    return nxt, lp.gather(-1, nxt[:, None])[:, 0]
+     "distribution drawn from: the temperature, then top-k and top-p")
+    if temperature == 0: scores, nxt = logits, logits.argmax(-1)
+    else:
+        scores = filter_logits(logits / temperature, top_k, top_p)
+        nxt = gumbel_argmax(scores, seed, uid, t)
+    return nxt, torch.log_softmax(scores, -1).gather(-1, nxt[:, None])[:, 0]
 
 # %% ../nbs/07b_kit_engine.ipynb #3aa1dfae
 class SlotCache:
@@ -189,7 +212,8 @@ def _sdpa(self: SlotModel, q, k, v, **kw):
     # CPU's kernel reads each group's key/value head in place, giving the bits that copies of it would give
     if g == 1 or not fold:
         return F.scaled_dot_product_attention(q, k, v, scale=self.scale, enable_gqa=g > 1, **kw)
-    # on CUDA a masked call goes to the efficient kernel, which knows no groups (with enable_gqa SDPA falls back
+    # on CUDA a masked call goes to the efficient kernel, which knows no groups (with enable_gqa SDPA
+    # falls back
     # to its math path, which copies k, v). A decode step has one query per head and a mask per slot, so a
     # group's g query heads can be g query rows of their shared head: a reshape of q
     if T == 1 and "attn_mask" in kw:
@@ -402,6 +426,10 @@ def check_requests(requests: list[Request], sp: SamplingParams, window: int | No
 class KitEngine(Engine):
     "Continuous batching over a slot KV cache, for HF causal LMs of the Llama / Qwen2 / Qwen3 families"
     caps = EngineCaps(windows=True, cancels=True)
+    # bytes `sample_tokens` moves per row and vocabulary column (no truncation, top-k/top-p): the cost
+    # model's price
+    # of a draw, counted by `cost.op_bytes` in the cost lesson
+    SAMPLER_BYTES = {False: 232, True: 290}
     def __init__(self, model, tok, max_slots: int = 256, # decoding slots (requests decoded at once)
                  prefill_batch: int = 64, # most requests prefilled in one forward
                  progress: bool = False):

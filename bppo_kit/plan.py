@@ -4,7 +4,7 @@
 
 # %% ../nbs/21_plan.ipynb #9fc2662c
 from __future__ import annotations
-import copy, json, math, random, weakref
+import copy, inspect, json, math, random, weakref
 from dataclasses import dataclass
 from pathlib import Path
 import torch
@@ -12,17 +12,17 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import AutoConfig, AutoModelForCausalLM
 from .config import Config, ConfigError
-from .core import EngineMemory, TrainItem
+from .core import EngineMemory, SamplingParams, TrainItem
 from .rollout import engine_caps, engine_class
-from .policy import add_lora, resolve_policy_path
+from .policy import add_lora, char_tokenizer, resolve_policy_path
 from .shapes import qwen2_5_config
 
 # %% auto #0
-__all__ = ['GIB', 'KNOWN_SHAPES', 'CONTEXT_GIB', 'SHARDS', 'SAMPLING_COPIES', 'RECOMPUTE_ROWS', 'RECOMPUTE_TOKENS',
-           'MERGE_COPIES', 'SETUPS', 'model_config', 'Arch', 'arch_of', 'layer_activations', 'shared_activations',
-           'chunked_tiles', 'loss_path', 'update_moments', 'LiveBytes', 'train_items', 'measure_update', 'dtype_bytes',
-           'loss_kernel_on', 'kv_bytes_per_token', 'step_sizes', 'Row', 'state_rows', 'update_rows', 'sync_row',
-           'engine_rows', 'Plan', 'memory_rows', 'with_values', 'advise', 'plan', 'check_fits', 'presets_table']
+__all__ = ['GIB', 'KNOWN_SHAPES', 'CONTEXT_GIB', 'SHARDS', 'SAMPLING_COPIES', 'MERGE_COPIES', 'SETUPS', 'model_config', 'Arch',
+           'arch_of', 'layer_activations', 'shared_activations', 'chunked_tiles', 'loss_path', 'update_moments',
+           'LiveBytes', 'train_items', 'measure_update', 'dtype_bytes', 'loss_kernel_on', 'kv_bytes_per_token',
+           'step_sizes', 'Row', 'state_rows', 'update_rows', 'sync_row', 'engine_rows', 'Plan', 'memory_rows',
+           'with_values', 'advise', 'plan', 'check_fits', 'measure_generate', 'presets_table']
 
 # %% ../nbs/21_plan.ipynb #57e19105
 GIB = 2 ** 30
@@ -391,9 +391,8 @@ def sync_row(a: Arch, gpus: int = 1, shard: str = "ddp") -> Row | None:
 
 # %% ../nbs/21_plan.ipynb #8ee3e87b
 # a decoding step's float32 logits, as many times as sampling holds them at once (logits, processed scores,
-# probabilities, the recorded step): the HF engine's peak at Qwen2.5's vocabulary (tests/test_rollout.py)
+# probabilities, the recorded step), for an engine that samples in the trainer's memory and does not count them itself
 SAMPLING_COPIES = 6
-RECOMPUTE_ROWS, RECOMPUTE_TOKENS = 32, 2048  # `VLLMEngine._recompute_logprobs`' pieces
 MERGE_COPIES = 3  # a LoRA matrix merged for the engine (`merged_weights`): its peak, in float32 matrices
 
 def engine_rows(cfg: Config, a: Arch, gpus: int = 1, gpu_bytes: int = 80 * GIB,
@@ -402,21 +401,18 @@ def engine_rows(cfg: Config, a: Arch, gpus: int = 1, gpu_bytes: int = 80 * GIB,
      "on a GPU)")
     seq, seqs, _, _ = step_sizes(cfg, gpus)
     per_token = kv_bytes_per_token(a, cfg.model.dtype)
-    m = engine_class(cfg.rollout.engine).memory(cfg, seqs, seq, per_token,
-                                                dtype_bytes(cfg.model.dtype) * a.params, gpu_bytes)
+    cls = engine_class(cfg.rollout.engine)
+    # an engine whose `memory` takes the model's shape counts all it holds, a step's logits included (the HF engine)
+    whole = "shape" in inspect.signature(cls.memory).parameters
+    m = cls.memory(cfg, seqs, seq, per_token, dtype_bytes(cfg.model.dtype) * a.params, gpu_bytes,
+                   **({"shape": a} if whole else {}))
     rows = [Row("KV cache of the step's batch", seqs * seq * per_token, f"{seqs} sequences x {seq} tokens")]
-    caps, r = engine_caps(cfg), cfg.rollout
-    if not caps.own_weights:  # it samples in the trainer's memory (vLLM: within its share)
+    # it samples in the trainer's memory (vLLM: in its share)
+    if not engine_caps(cfg).own_weights and not whole:
         logits = SAMPLING_COPIES * m.at_once * a.vocab * 4
         m.generating += logits
         rows.append(Row("a decoding step's logits", logits,
                         f"{m.at_once} rows x {a.vocab} tokens x float32 x {SAMPLING_COPIES}"))
-    elif not caps.exact and (r.top_p < 1 or r.top_k > 0):  # truncated log-probs: the trainer recomputes them
-        rec = RECOMPUTE_ROWS * seq * (4 * a.hidden + a.inter) * dtype_bytes(cfg.model.dtype) + \
-            SAMPLING_COPIES // 2 * RECOMPUTE_TOKENS * a.vocab * 4
-        m.generating += rec
-        rows.append(Row("log-prob recompute (top-p/top-k)", rec, f"{RECOMPUTE_ROWS} sequences a forward, the "
-                        f"head over {RECOMPUTE_TOKENS} positions at a time"))
     if cfg.model.lora_r:  # the engine's weights refreshed after each update: one merged matrix at a time
         merge = MERGE_COPIES * 4 * a.hidden * a.inter
         m.generating += merge
@@ -549,6 +545,32 @@ def check_fits(cfg: Config, gpus: int = 1, gpu_memory_gb: float = 80, shard: str
     p = plan(cfg, gpus, gpu_memory_gb, shard, hf_config=hf_config)
     if not p.fits: raise ConfigError(p.advice)
     return p
+
+# %% ../nbs/21_plan.ipynb #5e0a7c02
+def measure_generate(cfg: Config, # engine, dtype, prompts per step, group size, prompt/new tokens, sampling
+                     hf_config, # the model's shape: random weights are built from it
+                     seed: int = 0) -> dict:
+    "Peak bytes beyond the weights of one `generate` call on CPU, overall and per moment"
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(hf_config).to(getattr(torch, cfg.model.dtype)).eval()
+    tok, r, rng = char_tokenizer(), cfg.rollout, random.Random(seed)
+    P = r.max_prompt_tokens
+    prompts = [[rng.randrange(3, 60) for _ in range(P if i == 0 else rng.randint(max(1, P // 2), P))]
+               for i in range(cfg.train.prompts_per_step)]
+    engine = engine_class(r.engine).from_config(cfg, model, tok)
+    sp = SamplingParams(r.temperature, r.top_p, r.top_k, r.max_new_tokens, seed=seed)
+    mode = LiveBytes([*model.parameters(), *model.buffers()])
+    mode.phase = "generate"
+    def before(mod, args, kw):
+        ids = kw.get("input_ids", args[0] if args else None)
+        mode.phase = "prefill" if ids is not None and ids.shape[1] > 1 else "decode forward"
+    hooks = [model.register_forward_pre_hook(before, with_kwargs=True),
+             model.register_forward_hook(lambda *_: setattr(mode, "phase", "sampling"))]
+    try:
+        with mode: engine.generate(prompts, r.group_size, sp)
+    finally:
+        for h in hooks: h.remove()
+    return dict(peak=max(mode.peaks.values()), **mode.peaks)
 
 # %% ../nbs/21_plan.ipynb #a6f6e42b
 SETUPS = ((1, 80, "ddp"), (1, 141, "ddp"), (8, 80, "ddp"), (8, 80, "fsdp2"))  # (GPUs, GiB each, shard)

@@ -42,8 +42,8 @@ def engine_caps(cfg: Config) -> EngineCaps:
 
 # %% ../nbs/07d_rollout.ipynb #e5a29d74
 def records_logprobs(cfg: Config) -> bool:
-    ("Whether training samples keep the engine's log-probs: truncated importance sampling where the sampler is "
-     "not the trainer's policy (an inexact engine, a lower compute dtype, or top-p/top-k truncation)")
+    ("Whether training samples keep the engine's log-probs: truncated importance sampling where the "
+     "sampler is not the trainer's policy (an inexact engine, a lower compute dtype, or top-p/top-k truncation)")
     r = cfg.rollout
     truncated = r.top_p < 1 or r.top_k > 0
     return cfg.algo.tis_cap > 0 and (not engine_caps(cfg).exact or cfg.model.dtype != "float32" or truncated)

@@ -241,8 +241,8 @@ def check_disk(cfg: Config, run: RunDir, policy=None, # `policy`: a given `(mode
     # a save writes the new checkpoint beside the old one: two on the disk until the old one is removed
     if have < 2 * need:
         raise ConfigError(f"train.out: {run.root} has {have / 2**30:.2f} GiB free and a checkpoint of "
-                          f"this run takes {need / 2**30:.2f} GiB (float32 weights and AdamW's moments), two at "
-                          "once while a save replaces one; "
+                          f"this run takes {need / 2**30:.2f} GiB (float32 weights and AdamW's moments), "
+                          "two at once while a save replaces one; "
                           "free some space or point train.out at a larger disk")
 
 

@@ -115,3 +115,26 @@ def test_a_comparison_reads_predicted_gpu_seconds(tmp_path):
     assert [r["gpu_s"] for r in metric_rows(run)] == [0.25] * 3
     assert run_summary(run)["total_gpu_s"] == 0.75
     assert accuracy_curve(run, "gpu_s") == [(0.0, 0.5), (0.75, 0.7)]
+
+
+def test_the_kit_samplers_bytes_are_counted_and_priced():
+    "Issue 52: the kit engine's draw at Qwen2.5's vocabulary, op by op, and what it adds to a decoding pass"
+    import torch
+    from bppo_kit.config import get_config
+    from bppo_kit.kit_engine import sample_tokens
+    V = 151936
+    for n in (8, 64):
+        logits, keys = torch.randn(n, V), torch.arange(n)
+        for truncated, top_p in ((False, 1.0), (True, 0.9)):
+            got = K.op_bytes(sample_tokens, logits, 1.0, 0, top_p, keys, keys, keys) / (n * V)
+            assert abs(got / K.SAMPLER_BYTES[truncated] - 1) < 0.1, (n, truncated, got)
+    kit = get_config("cpu-demo", overrides=[f"model.name_or_path={M15}", "rollout.engine=kit"])
+    hf = get_config("cpu-demo", overrides=[f"model.name_or_path={M15}", "rollout.engine=hf"])
+    nucleus = get_config("cpu-demo", overrides=[f"model.name_or_path={M15}", "rollout.engine=kit", "rollout.top_p=0.9"])
+    assert (K.sampler_bytes(kit), K.sampler_bytes(nucleus), K.sampler_bytes(hf)) == \
+        (K.SAMPLER_BYTES[False], K.SAMPLER_BYTES[True], 0)
+    rows = kit.train.prompts_per_step * kit.rollout.group_size
+    extra = kit.rollout.max_new_tokens * K.SAMPLER_BYTES[False] * rows * V / (3.35e12 * K.ASSUMED.bandwidth)
+    with_draw, without = K.plan_seconds(kit, "H100")["decode_s"], K.plan_seconds(hf, "H100")["decode_s"]
+    # memory-bound passes: the draw's bytes over the bandwidth, pass by pass
+    assert abs((with_draw - without) / extra - 1) < 1e-6, (with_draw, without, extra)
