@@ -42,7 +42,8 @@ class Completion:
     prompt_ids: list[int]
     completion_ids: list[int]  # generated tokens, ending with the stop token if one was produced
     text: str  # the completion decoded without special tokens
-    logprobs: list[float]  # log p of each completion token under the sampling temperature, before truncation
+    # log p of each completion token under the distribution it was drawn from (temperature, then top-k/top-p)
+    logprobs: list[float]
     # "eos" (a stop token), "length" (max_new_tokens), "window" (paused by a windowed engine), "cancelled"
     finish_reason: str
     # KitEngine: the request's sampling seed and id, so a paused request resumes with the same noise

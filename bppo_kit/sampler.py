@@ -146,7 +146,9 @@ class Sampler:
             limit = prompt_limit(cfg, model_config)
             fit = fitting_prompts(self.prompts.examples, tok, cfg.data, limit, "train prompts")
             if len(fit) < cfg.train.prompts_per_step:
-                raise ConfigError(f"rollout.max_prompt_tokens: {len(fit)} prompts fit in {limit} tokens, "
+                # the setting that binds: the prompt limit itself, or the context the new tokens leave
+                key = "max_prompt_tokens" if limit == cfg.rollout.max_prompt_tokens else "max_new_tokens"
+                raise ConfigError(f"rollout.{key}: {len(fit)} prompts fit in {limit} tokens, "
                                   f"fewer than train.prompts_per_step={cfg.train.prompts_per_step}")
             self.prompts.examples = fit
         self.dist = dist or Dist()

@@ -151,6 +151,11 @@ class TPPO(Algorithm):
                               f"{cfg.rollout.engine!r} lacks (EngineCaps.windows); use rollout.engine=kit")
         if cfg.algo.name == "tppo" and cfg.rollout.window < 1:
             raise ConfigError("rollout.window: T-PPO needs a window >= 1 (tokens per step)")
+        # carried tokens take their sampling log-probs as the old policy's: under truncation those are the truncated
+        # distribution's (the rollout lesson), and the ratio would start at the kept mass, not at 1
+        if cfg.algo.name == "tppo" and (cfg.rollout.top_p < 1 or cfg.rollout.top_k > 0):
+            raise ConfigError("rollout.top_p: T-PPO's carried tokens need untruncated sampling log-probs; use "
+                              "rollout.top_p=1 and rollout.top_k=0")
         name = own_name(cls, cfg.algo.name)
         if (c := algo_settings(cfg, name).dual_clip) and c <= 1:
             raise ConfigError(f"algo.{name}.dual_clip: must be > 1 or 0 (off), got {c}")

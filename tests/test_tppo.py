@@ -163,3 +163,13 @@ def test_prioritized_subset_in_the_recipes_order():
     assert sorted({groups[i] for i in k12.nonzero().flatten()}) == [2, 3, 5, 6]  # then the open groups, 2 before 3
     k13 = select_subset(groups, [group_priority(algo.groups[g], 3) for g in groups], 13)
     assert [i for i in k13.nonzero().flatten().tolist() if groups[i] == 1] == [12]  # then uniform: the older, 1
+
+
+@pytest.mark.parametrize("truncation", [["rollout.top_p=0.9"], ["rollout.top_k=20"]])
+def test_tppo_refuses_truncated_sampling_in_one_line(truncation):
+    "Carried tokens take the sampler's log-probs as the old policy's: under top-p/top-k those are truncated, so refused"
+    from bppo_kit.config import ConfigError
+    from bppo_kit.trainer import check_run
+    with pytest.raises(ConfigError, match="T-PPO's carried tokens need untruncated"):
+        check_run(get_config("cpu-demo", overrides=["algo.name=tppo", *truncation]))
+    check_run(get_config("cpu-demo", overrides=["algo.name=ppo", *truncation]))  # PPO carries no tokens: runs

@@ -803,8 +803,10 @@ def engine_section(P: dict, dev: str, res: dict):
     res["greedy"] = {}
     # different lengths: HF pads on the left, the kit's slots do not
     few = [p[:e["prompt_tokens"] - 7 * i] for i, p in enumerate(prompts[:e["greedy_prompts"]])]
+    from bppo_kit.policy import to_compute_dtype
     for dtype in e["greedy_dtypes"]:
-        model = model.to(getattr(torch, dtype))
+        # the kit's own cast: the rotary buffers stay float32, as in every copy the trainer makes
+        model = to_compute_dtype(model, dtype)
         res["greedy"][dtype] = g = greedy_agreement(model, few, e["greedy_new"])
         if dtype == "float32": res["checks"]["greedy_float32_identical"] = g["identical_fraction"] == 1.0
         else: res["checks"][f"greedy_{dtype}_parts_only_at_ties"] = all(r["identical"] or r.get("near_tie", False)
