@@ -753,6 +753,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                'bppo_kit.tppo.ValueModel': ('tppo.html#valuemodel', 'bppo_kit/tppo.py'),
                                'bppo_kit.tppo.ValueModel.__init__': ('tppo.html#valuemodel.__init__', 'bppo_kit/tppo.py'),
                                'bppo_kit.tppo.ValueModel.forward': ('tppo.html#valuemodel.forward', 'bppo_kit/tppo.py'),
+                               'bppo_kit.tppo.check_untruncated': ('tppo.html#check_untruncated', 'bppo_kit/tppo.py'),
                                'bppo_kit.tppo.group_priority': ('tppo.html#group_priority', 'bppo_kit/tppo.py'),
                                'bppo_kit.tppo.select_subset': ('tppo.html#select_subset', 'bppo_kit/tppo.py'),
                                'bppo_kit.tppo.whiten': ('tppo.html#whiten', 'bppo_kit/tppo.py'),

@@ -18,7 +18,8 @@ from .egae import (adaptive_lambda, dual_clip_surrogate, egae, explained_varianc
 from .policy import pack
 
 # %% auto #0
-__all__ = ['TPPOSettings', 'ValueHead', 'ValueModel', 'whiten', 'window_advantages', 'group_priority', 'select_subset', 'TPPO']
+__all__ = ['TPPOSettings', 'ValueHead', 'ValueModel', 'whiten', 'window_advantages', 'group_priority', 'select_subset',
+           'check_untruncated', 'TPPO']
 
 # %% ../nbs/18_tppo.ipynb #629f9977
 @dataclass
@@ -135,6 +136,13 @@ def select_subset(groups: list[int], # each entry's group
     out[order[:k]] = True
     return out
 
+# %% ../nbs/18_tppo.ipynb #a7c0ffe2
+def check_untruncated(cfg: Config):
+    "A `ConfigError` for top-p/top-k sampling, whose log-probs cannot stand for carried tokens' old policy"
+    if cfg.rollout.top_p < 1 or cfg.rollout.top_k > 0:
+        raise ConfigError("rollout.top_p: T-PPO's carried tokens need untruncated sampling log-probs; use "
+                          "rollout.top_p=1 and rollout.top_k=0")
+
 # %% ../nbs/18_tppo.ipynb #7ce5eccb
 @register("ppo", settings=TPPOSettings)
 @register("tppo", settings=TPPOSettings)
@@ -151,11 +159,7 @@ class TPPO(Algorithm):
                               f"{cfg.rollout.engine!r} lacks (EngineCaps.windows); use rollout.engine=kit")
         if cfg.algo.name == "tppo" and cfg.rollout.window < 1:
             raise ConfigError("rollout.window: T-PPO needs a window >= 1 (tokens per step)")
-        # carried tokens take their sampling log-probs as the old policy's: under truncation those are the truncated
-        # distribution's (the rollout lesson), and the ratio would start at the kept mass, not at 1
-        if cfg.algo.name == "tppo" and (cfg.rollout.top_p < 1 or cfg.rollout.top_k > 0):
-            raise ConfigError("rollout.top_p: T-PPO's carried tokens need untruncated sampling log-probs; use "
-                              "rollout.top_p=1 and rollout.top_k=0")
+        if cfg.algo.name == "tppo": check_untruncated(cfg)
         name = own_name(cls, cfg.algo.name)
         if (c := algo_settings(cfg, name).dual_clip) and c <= 1:
             raise ConfigError(f"algo.{name}.dual_clip: must be > 1 or 0 (off), got {c}")
