@@ -87,3 +87,22 @@ def moved_policy(folder: str):
 # a test that trains the shipped tiny policy: skipped, with the reason, on a clone without it
 needs_tiny = pytest.mark.skipif(not (data_dir() / "tiny_policy" / "config.json").exists(),
                                 reason="the shipped tiny policy is not in data/")
+
+
+def install_fake_vllm(monkeypatch, compute: bool = False):
+    ("tests/fake_vllm's stand-in imported as `vllm` (and `vllm.inputs`) for one test, the engine's CUDA demand "
+     "lifted; `compute`: it samples the model it was built from (else it only records)")
+    import dataclasses, importlib.util
+    from bppo_kit.vllm_engine import VLLMEngine
+    fake_dir = Path(__file__).resolve().parent / "fake_vllm" / "vllm"
+    def load(name: str, path: Path):
+        spec = importlib.util.spec_from_file_location(name, path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod
+    fake = load("vllm", fake_dir / "__init__.py")
+    if compute: fake.COMPUTE = True
+    monkeypatch.setitem(sys.modules, "vllm", fake)
+    monkeypatch.setitem(sys.modules, "vllm.inputs", load("vllm.inputs", fake_dir / "inputs.py"))
+    monkeypatch.setattr(VLLMEngine, "caps", dataclasses.replace(VLLMEngine.caps, device=None))  # on this CPU
+    return fake

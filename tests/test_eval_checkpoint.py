@@ -5,12 +5,13 @@ it answers at the usual lengths and is always wrong, where the base gets about 0
 (kit, HF; vLLM through the computing stand-in tests/fake_vllm, and vLLM's CPU build where it is installed) must give
 the checkpoint's accuracy, equal to evaluating the checkpoint's own engine here, not the base model's. vLLM built from
 the config's model and never given the checkpoint's weights (the bug) scores the base."""
-import dataclasses, importlib.util, json, sys
+import dataclasses, json
 from pathlib import Path
 
 import pytest
 import torch
 
+from conftest import install_fake_vllm
 from bppo_kit.cli import main
 from bppo_kit.config import data_dir, get_config
 from bppo_kit.evaluate import eval_examples, evaluate
@@ -18,29 +19,15 @@ from bppo_kit.policy import load_policy, resolve_policy_path
 from bppo_kit.rollout import HFEngine, KitEngine, SamplingParams, VLLMEngine, vllm_available
 from bppo_kit.runs import save_checkpoint
 
-ROOT = Path(__file__).resolve().parents[1]
-FAKE = ROOT / "tests" / "fake_vllm" / "vllm"
 pytestmark = pytest.mark.skipif(not (data_dir() / "tiny_policy" / "config.json").exists(),
                                 reason="needs the shipped policy in data/tiny_policy")
 EVAL = ["--samples", "2", "--set", "data.eval_size=8", "--set", "rollout.max_new_tokens=120", "--quiet"]
 
 
-def _module(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.fixture()
 def fake_vllm(monkeypatch):
     "The stand-in for vLLM as `vllm`, computing: it samples the model it was built from, pushed weights loaded"
-    fake = _module("vllm", FAKE / "__init__.py")
-    fake.COMPUTE = True
-    monkeypatch.setitem(sys.modules, "vllm", fake)
-    monkeypatch.setitem(sys.modules, "vllm.inputs", _module("vllm.inputs", FAKE / "inputs.py"))
-    monkeypatch.setattr(VLLMEngine, "caps", dataclasses.replace(VLLMEngine.caps, device=None))  # on this CPU
-    return fake
+    return install_fake_vllm(monkeypatch, compute=True)
 
 
 @pytest.fixture(scope="module")

@@ -6,30 +6,21 @@ and vLLM's path (the computing stand-in tests/fake_vllm, which truncates as vLLM
 reference written below (the smallest set of the most likely tokens whose probability reaches top-p). The importance
 weight w = exp(trainer - behaviour) the update divides by is then the kept mass at each position: below 1 under
 truncation, and 1 (to float error) without it; `sampler_kl`, its monitor, moves off 0 with it."""
-import dataclasses, importlib.util, sys
-from pathlib import Path
 
 import pytest
 import torch
 
+from conftest import install_fake_vllm
 from bppo_kit.config import data_dir
 from bppo_kit.policy import completion_logprobs, load_policy, pack, resolve_policy_path
 from bppo_kit.rollout import HFEngine, KitEngine, SamplingParams, VLLMEngine
 from bppo_kit.update import sampler_kl, tis_weights
 
-FAKE = Path(__file__).resolve().parents[1] / "tests" / "fake_vllm" / "vllm"
 pytestmark = pytest.mark.skipif(not (data_dir() / "tiny_policy" / "config.json").exists(),
                                 reason="needs the shipped policy in data/tiny_policy")
 PROMPTS = ["Q: 1+2\nA:", "Q: (3*4)-5\nA:", "Q: 7\nA:", "Q: 12*(3+4)\nA:"]
 TRUNCATED = [dict(temperature=1.0, top_p=0.8), dict(temperature=1.0, top_k=2),
              dict(temperature=1.2, top_k=5, top_p=0.9)]
-
-
-def _module(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @pytest.fixture(scope="module")
@@ -40,11 +31,7 @@ def policy():
 @pytest.fixture()
 def engines(policy, monkeypatch):
     "The three engines over the shipped policy; vLLM's the stand-in that samples the policy's folder"
-    fake = _module("vllm", FAKE / "__init__.py")
-    fake.COMPUTE = True
-    monkeypatch.setitem(sys.modules, "vllm", fake)
-    monkeypatch.setitem(sys.modules, "vllm.inputs", _module("vllm.inputs", FAKE / "inputs.py"))
-    monkeypatch.setattr(VLLMEngine, "caps", dataclasses.replace(VLLMEngine.caps, device=None))
+    install_fake_vllm(monkeypatch, compute=True)
     m, tok = policy
     return dict(kit=KitEngine(m, tok), hf=HFEngine(m, tok),
                 vllm=VLLMEngine(m, tok, resolve_policy_path("tiny"), max_model_len=512))

@@ -4,7 +4,7 @@ compute dtype, the configured memory share and context, TRL's sleep/wake discipl
 every wake; the weights pushed again after the update), the weights pushed before the first `generate` of a resumed
 run and of an `RLTrainer` given a loaded model; under two DDP processes, vLLM's external launcher on each process's own
 device. (FSDP2: `tests/fsdp2_check.py` checks that the engine is synced from the gathered weights.)"""
-import copy, dataclasses, importlib.util, json, os, sys, weakref
+import copy, json, os, weakref
 from pathlib import Path
 
 import pytest
@@ -12,9 +12,10 @@ import torch
 from safetensors.torch import load_file
 from transformers import Qwen2ForCausalLM
 
+from conftest import install_fake_vllm
 from bppo_kit.config import get_config
 from bppo_kit.policy import chat_tokenizer, merged_state_dict, tiny_config
-from bppo_kit.rollout import VLLMCompat, VLLMEngine
+from bppo_kit.rollout import VLLMCompat
 from bppo_kit.trainer import train
 from procs import accelerate_launch, run_or_dump
 
@@ -26,20 +27,10 @@ SMALL = ["train.device=cpu", "data.task=synthetic", "data.eval_size=2", "train.p
          "train.eval_every=0", "train.save_every=0"]
 
 
-def _module(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.fixture()
 def vllm(monkeypatch):
     "The recorder as `vllm`, sleep mode on, `empty_cache` logged (what tests/fake_vllm/gpu_on_cpu.py does by plugin)"
-    fake = _module("vllm", FAKE / "vllm" / "__init__.py")
-    monkeypatch.setitem(sys.modules, "vllm", fake)
-    monkeypatch.setitem(sys.modules, "vllm.inputs", _module("vllm.inputs", FAKE / "vllm" / "inputs.py"))
-    monkeypatch.setattr(VLLMEngine, "caps", dataclasses.replace(VLLMEngine.caps, device=None))
+    fake = install_fake_vllm(monkeypatch)
     monkeypatch.setattr(VLLMCompat, "sleeps", staticmethod(lambda device: True))
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: fake.record("empty_cache"))
     return fake
