@@ -59,15 +59,12 @@ class HFEngine(Engine):
         return cls(model, tok, max_batch=cfg.rollout.max_slots, progress=progress)
 
 # %% ../nbs/07a_hf_engine.ipynb #4f1c2a02
-# bytes per row and vocabulary column: (sampling, what the next forward still holds), besides the head's
-# output in the
-# compute dtype while sampling; top-k / top-p add a sort's int64 indices, two more float32 copies and two
-# masks
+# bytes per row and vocabulary column: (sampling, what the next forward still holds), besides the head's output
+# in the compute dtype while sampling; top-k / top-p add a sort's int64 indices, two more float32 copies, two masks
 SAMPLING_BYTES = {False: (20, 12), True: (38, 16)}  # keyed by: top-k or top-p truncates
 ALLOCATOR_SLACK = 0.05  # of the peak: CUDA's caching allocator and a cache regrown every step (assumed)
 
-# shape: the model's sizes, `hidden`, `inter`, `layers`, `kv_heads`, `head_dim`, `vocab` (the planner's
-# `Arch`)
+# shape: the model's sizes, `hidden`, `inter`, `layers`, `kv_heads`, `head_dim`, `vocab` (the planner's `Arch`)
 def hf_generate_moments(shape,
                         rows: int, prompt: int, new: int, # rows at once; prompt and new tokens each
                         c: int = 2, # bytes of the compute dtype

@@ -4,7 +4,7 @@
 
 # %% ../nbs/21_plan.ipynb #9fc2662c
 from __future__ import annotations
-import copy, inspect, json, math, random, weakref
+import copy, inspect, math, random, weakref
 from dataclasses import dataclass
 from pathlib import Path
 import torch
@@ -14,7 +14,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from .config import Config, ConfigError
 from .core import EngineMemory, SamplingParams, TrainItem
 from .rollout import engine_caps, engine_class
-from .policy import add_lora, char_tokenizer, resolve_policy_path
+from .policy import adapter_base, add_lora, char_tokenizer, resolve_policy_path
 from .shapes import qwen2_5_config
 
 # %% auto #0
@@ -51,8 +51,7 @@ def model_config(name_or_path: str): # a hub id, a local checkpoint folder (a Lo
         return AutoConfig.for_model(model_type, **fields)
     path = Path(resolve_policy_path(name_or_path))
     # a LoRA adapter's folder: the base model's shape
-    if (path / "adapter_config.json").is_file() and not (path / "config.json").is_file():
-        return model_config(json.loads((path / "adapter_config.json").read_text())["base_model_name_or_path"])
+    if (base := adapter_base(path)) is not None: return model_config(base)
     try: return AutoConfig.from_pretrained(str(path), local_files_only=True)
     except (OSError, ValueError):
         raise ConfigError(f"model.name_or_path: no config for {name_or_path!r} here; give a folder with "

@@ -16,9 +16,10 @@ from .data import DataError, Example, prompt_messages, prompt_text
 # %% auto #0
 __all__ = ['CHARS', 'SPECIALS', 'DTYPES', 'PACKAGED_GGUF', 'INSTALL_HINT', 'SHIPPED_POLICIES', 'CHATML_TEMPLATE',
            'char_tokenizer', 'tiny_config', 'load_tokenizer', 'kit_cache', 'packaged_gguf', 'hub_has', 'convert_gguf',
-           'packaged_policy', 'resolve_policy_path', 'load_policy', 'is_peft', 'add_lora', 'merged_weights',
-           'merged_state_dict', 'to_compute_dtype', 'autocast', 'generation_copy', 'copy_weights', 'chat_tokenizer',
-           'prompt_ids', 'prompt_limit', 'fitting_prompts', 'pack', 'token_logprobs', 'completion_logprobs']
+           'packaged_policy', 'resolve_policy_path', 'adapter_base', 'load_policy', 'is_peft', 'add_lora',
+           'merged_weights', 'merged_state_dict', 'to_compute_dtype', 'autocast', 'generation_copy', 'copy_weights',
+           'chat_tokenizer', 'prompt_ids', 'prompt_limit', 'fitting_prompts', 'pack', 'token_logprobs',
+           'completion_logprobs']
 
 # %% ../nbs/04_policy.ipynb #3b5f0132
 CHARS = string.digits + string.ascii_letters + " +-*/()=#.,:;?!'\n$\\{}^_<>[]%&|~\"@`"
@@ -141,6 +142,12 @@ def resolve_policy_path(name_or_path: str) -> str:
 
 
 # %% ../nbs/04_policy.ipynb #b9da3970
+def adapter_base(path) -> str | None:
+    "The base model a LoRA adapter folder names (`adapter_config.json`, no `config.json`); None for any other path"
+    p = Path(path)
+    if not (p / "adapter_config.json").is_file() or (p / "config.json").is_file(): return None
+    return json.loads((p / "adapter_config.json").read_text())["base_model_name_or_path"]
+
 def load_policy(name_or_path: str = "tiny", # "tiny", "tiny-tail", hub id, checkpoint or LoRA adapter folder
                 dtype: str = "float32", # a key of `DTYPES`
                 device: str = "cpu", # where the weights go
@@ -149,7 +156,8 @@ def load_policy(name_or_path: str = "tiny", # "tiny", "tiny-tail", hub id, check
     "`(model, tokenizer)` ready for generation: eval mode, left padding, a pad token"
     path = resolve_policy_path(name_or_path)
     local = Path(path)
-    adapter = (local / "adapter_config.json").is_file() and not (local / "config.json").is_file()
+    base_path = adapter_base(local)
+    adapter = base_path is not None
     named_local = name_or_path in SHIPPED_POLICIES or local.is_absolute() or path.startswith(".")
     if named_local and not adapter and not (local / "config.json").is_file():
         shipped = SHIPPED_POLICIES.get(name_or_path)
@@ -158,7 +166,6 @@ def load_policy(name_or_path: str = "tiny", # "tiny", "tiny-tail", hub id, check
     tok = load_tokenizer(path)
     if adapter:
         from peft import PeftModel
-        base_path = json.loads((local / "adapter_config.json").read_text())["base_model_name_or_path"]
         base = AutoModelForCausalLM.from_pretrained(resolve_policy_path(base_path),
                                                     dtype=DTYPES[dtype]).to(device)
         model = PeftModel.from_pretrained(base, path)

@@ -4,16 +4,15 @@
 
 # %% ../nbs/07c_vllm_engine.ipynb #a25c244b
 from __future__ import annotations
-import json, os, random, time
+import os, random, time
 from contextlib import contextmanager
-from pathlib import Path
 from fastcore.basics import patch, patch_to
 import numpy as np
 import torch
 from .core import (Completion, Engine, EngineCaps, EngineMemory, SamplingParams,
                            register_engine)
 from .config import ConfigError
-from .policy import merged_weights, prompt_limit, resolve_policy_path
+from .policy import adapter_base, merged_weights, prompt_limit, resolve_policy_path
 from .hf_engine import encode_prompts, stop_ids
 
 # %% auto #0
@@ -197,10 +196,8 @@ class VLLMEngine(Engine):
 def engine_path(name_or_path: str) -> str:
     "The folder or hub id vLLM loads for policy `name_or_path` (a LoRA adapter folder: its base model)"
     path = resolve_policy_path(name_or_path)
-    adapter = Path(path) / "adapter_config.json"
-    if adapter.is_file() and not (Path(path) / "config.json").is_file():
-        return resolve_policy_path(json.loads(adapter.read_text())["base_model_name_or_path"])
-    return path
+    base = adapter_base(path)
+    return path if base is None else resolve_policy_path(base)
 
 # %% ../nbs/07c_vllm_engine.ipynb #e6d8dc58
 @patch(cls_method=True)
