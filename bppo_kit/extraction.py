@@ -411,7 +411,8 @@ class Policy:
     bare: bool = True  # a short all-math completion is taken as the answer itself
 
 TASK_POLICIES = {  # task -> extraction policy
-    "synthetic": Policy(last_number=False, bare=False), "gsm8k": Policy(), "math": Policy(),
+    "synthetic": Policy(last_number=False, bare=False), "arith": Policy(),
+    "gsm8k": Policy(), "math": Policy(),
     "math500": Policy(), "aime24": Policy(), "amc23": Policy(), "geo3k": Policy(), "auto": Policy()}
 
 # %% ../nbs/08a_extraction.ipynb #71e30bbd

@@ -15,11 +15,11 @@ from .data import DataError, Example, prompt_messages, prompt_text
 
 # %% auto #0
 __all__ = ['CHARS', 'SPECIALS', 'DTYPES', 'PACKAGED_GGUF', 'INSTALL_HINT', 'SHIPPED_POLICIES', 'CHATML_TEMPLATE',
-           'char_tokenizer', 'tiny_config', 'load_tokenizer', 'kit_cache', 'packaged_gguf', 'hub_has', 'convert_gguf',
-           'packaged_policy', 'resolve_policy_path', 'adapter_base', 'load_policy', 'is_peft', 'add_lora',
-           'merged_weights', 'merged_state_dict', 'to_compute_dtype', 'autocast', 'generation_copy', 'copy_weights',
-           'chat_tokenizer', 'prompt_ids', 'prompt_limit', 'fitting_prompts', 'pack', 'token_logprobs',
-           'completion_logprobs']
+           'char_tokenizer', 'tiny_config', 'load_tokenizer', 'kit_cache', 'packaged_gguf', 'packaged_installed',
+           'hub_has', 'convert_gguf', 'packaged_policy', 'resolve_policy_path', 'adapter_base', 'load_policy',
+           'is_peft', 'add_lora', 'merged_weights', 'merged_state_dict', 'to_compute_dtype', 'autocast',
+           'generation_copy', 'copy_weights', 'chat_tokenizer', 'prompt_ids', 'prompt_limit', 'fitting_prompts', 'pack',
+           'token_logprobs', 'completion_logprobs']
 
 # %% ../nbs/04_policy.ipynb #3b5f0132
 CHARS = string.digits + string.ascii_letters + " +-*/()=#.,:;?!'\n$\\{}^_<>[]%&|~\"@`"
@@ -77,6 +77,12 @@ def packaged_gguf(dist: str, fname: str) -> Path | None:
     found = [f for f in files if f.name == fname]
     return Path(found[0].locate()) if found else None
 
+
+# %% ../nbs/04_policy.ipynb #ab25bbb8
+def packaged_installed(name: str = "HuggingFaceTB/SmolLM2-135M-Instruct") -> bool:
+    "Whether the offline copy of hub id `name` can be had here: its package's GGUF file and `gguf`"
+    return (name in PACKAGED_GGUF and packaged_gguf(*PACKAGED_GGUF[name][:2]) is not None
+            and importlib.util.find_spec("gguf") is not None)
 
 # %% ../nbs/04_policy.ipynb #a1b2c3d6
 def hub_has(name: str) -> bool:

@@ -47,7 +47,7 @@ class PromptSource:
             raise ConfigError(f"train_dataset: {len(examples)} rows, fewer than "
                               f"train.prompts_per_step={self.n}")
         self.examples = (examples if own else None if d.task == "synthetic"
-                         else load_task(d.task, "train", d.path or None))
+                         else load_task(d.task, "train", d.path or None, d=d))
         # the synthetic task's eval set (the shipped one, the tail variant's or data.eval_path's) is never trained on
         self.held = ({e.meta["expr"] for e in synthetic_eval(d)} if d.task == "synthetic" and not own
                      else set())

