@@ -40,7 +40,7 @@ def problem_interval(ok: list, samples: int) -> list[float] | None:
     per = [mean(ok[i:i + samples]) for i in range(0, len(ok), samples)]
     if len(per) < 2: return None
     half = sps.t.ppf(0.975, len(per) - 1) * stdev(per) / len(per) ** 0.5  # Student's t, n - 1 freedoms
-    return [round(min(1.0, max(0.0, mean(per) + s * half)), 4) for s in (-1, 1)]
+    return [round(float(min(1.0, max(0.0, mean(per) + s * half))), 4) for s in (-1, 1)]
 
 # %% ../nbs/10_evaluate.ipynb #654ca31d
 def response_tokens(c: Completion, eos_id: int | None) -> int:

@@ -3,7 +3,8 @@ Quarto).
 
 Each notebook is executed at the small sizes its tests use (`IN_TEST=1`, as under `nbdev-test`, so training cells run a
 few steps and the whole site builds in minutes; `--full` runs the full-size cells instead: tens of minutes), with cells
-flagged `#| gpu`, `#| slow` or `#| eval: false` skipped (`#| hide` cells run but are not shown), then exported with
+flagged `#| gpu`, `#| slow` or `#| eval: false` skipped (`#| smol` too where SmolLM2 is not installed;
+`#| hide` cells run but are not shown), then exported with
 nbconvert. Every page gets a navigation bar (index, previous, next); links between
 notebooks (`14_bppo.ipynb`) become links between pages. The markdown pages of `docs/results/` (measurements with
 their commands) and `docs/guides/` (how-tos) render as `results_NAME.html` and `guide_NAME.html`, listed on the index;
@@ -25,6 +26,12 @@ results = docs / "results"  # results pages: markdown, rendered beside the lesso
 guides = docs / "guides"  # guides (how-tos): markdown, rendered the same way
 MD_PAGES = {"results": "results", "guides": "guide"}  # folder of docs/ -> prefix of its pages' files
 SKIP = re.compile(r"^#\|\s*(gpu|slow|eval:\s*false)\s*$", re.M)
+SMOL = re.compile(r"^#\|\s*smol\s*$", re.M)  # the real-model cells: run only where `make install-smol` was run
+
+def smol_installed() -> bool:
+    "Whether SmolLM2's packaged copy can be had here (as `make lessons` decides whether to run `smol` cells)"
+    from bppo_kit.policy import packaged_installed
+    return packaged_installed()
 HIDE = re.compile(r"^#\|\s*hide\s*$", re.M)
 DIRECTIVE = re.compile(r"^#\|.*\n?", re.M)
 HEADLINE = re.compile(r"<!-- headline -->(.*?)<!-- /headline -->", re.S)  # the README's section the index shows
@@ -115,7 +122,8 @@ def render(path: Path, execute: bool):
     from nbconvert import HTMLExporter
     nb = nbformat.read(path, as_version=4)
     for c in nb.cells:
-        if c.cell_type == "code" and SKIP.search(c.source): c.metadata.setdefault("tags", []).append("skip-execution")
+        skip = SKIP.search(c.source) or (SMOL.search(c.source) and not smol_installed())
+        if c.cell_type == "code" and skip: c.metadata.setdefault("tags", []).append("skip-execution")
     if execute: NotebookClient(nb, timeout=900, resources={"metadata": {"path": str(path.parent)}}).execute()
     nb.cells = [c for c in nb.cells if not (c.cell_type == "code" and HIDE.search(c.source))]
     for c in nb.cells:

