@@ -113,7 +113,9 @@ def convert_gguf(gguf: Path, out: Path) -> Path:
         model.save_pretrained(tmp)
         AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name).save_pretrained(tmp)
         # another process may have renamed its copy first: then keep that one
-        if not (out / "config.json").is_file(): tmp.rename(out)
+        try: tmp.rename(out)
+        except OSError:
+            if not (out / "config.json").is_file(): raise
     finally: shutil.rmtree(tmp, ignore_errors=True)
     return out
 

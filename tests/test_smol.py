@@ -151,3 +151,32 @@ def test_each_algorithm_trains_it(smol_cache, tmp_path, capsys, algo):
     # a critic's baseline gives every response an advantage; a group's does only where the group is mixed
     signal = algo in ("ppo", "tppo") or rows[0]["frac_zero_std_groups"] < 1
     assert bool(changed) == signal, (len(changed), rows[0].get("frac_zero_std_groups"))
+
+class _Saves:
+    "A stand-in for the GGUF-loaded model and tokenizer: writes a file on save; `on_load` runs when it is loaded"
+    on_load = staticmethod(lambda: None)
+    def __init__(self): self.config = type("C", (), {})()
+    @classmethod
+    def from_pretrained(cls, *a, **k):
+        cls.on_load()
+        return cls()
+    def save_pretrained(self, d): (d / f"{type(self).__name__}.json").write_text("{}")
+
+@pytest.mark.parametrize("other_wins", [True, False])
+def test_conversion_keeps_a_copy_another_process_made(tmp_path, monkeypatch, other_wins):
+    "Two processes converting at once: the second keeps the first one's folder; any other rename failure raises"
+    out = tmp_path / "cache" / "copy"
+    def other_process():  # renames its finished copy in while this one converts
+        out.mkdir(parents=True)
+        (out / "config.json" if other_wins else out / "half-written").write_text("{}")
+    model, tok = type("Model", (_Saves,), {}), type("Tok", (_Saves,), {})
+    model.on_load = staticmethod(other_process)
+    monkeypatch.setattr(policy, "AutoModelForCausalLM", model)
+    monkeypatch.setattr(policy, "AutoTokenizer", tok)
+    monkeypatch.setattr(policy.importlib.util, "find_spec", lambda name: object())
+    if other_wins:
+        assert policy.convert_gguf(tmp_path / "m.gguf", out) == out
+        assert sorted(p.name for p in out.iterdir()) == ["config.json"]  # the first copy, untouched
+    else:
+        with pytest.raises(OSError): policy.convert_gguf(tmp_path / "m.gguf", out)
+    assert [p.name for p in out.parent.iterdir()] == ["copy"]  # no temp folder left behind
