@@ -339,6 +339,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                    'bppo_kit.evaluate.pass_at_k': ('evaluate.html#pass_at_k', 'bppo_kit/evaluate.py'),
                                    'bppo_kit.evaluate.problem_interval': ('evaluate.html#problem_interval', 'bppo_kit/evaluate.py'),
                                    'bppo_kit.evaluate.response_tokens': ('evaluate.html#response_tokens', 'bppo_kit/evaluate.py'),
+                                   'bppo_kit.evaluate.strict_ok': ('evaluate.html#strict_ok', 'bppo_kit/evaluate.py'),
                                    'bppo_kit.evaluate.summarize': ('evaluate.html#summarize', 'bppo_kit/evaluate.py'),
                                    'bppo_kit.evaluate.t_quantile': ('evaluate.html#t_quantile', 'bppo_kit/evaluate.py')},
             'bppo_kit.extraction': { 'bppo_kit.extraction.Policy': ('extraction.html#policy', 'bppo_kit/extraction.py'),

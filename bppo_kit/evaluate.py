@@ -14,8 +14,8 @@ from .rollout import Completion, HFEngine, SamplingParams
 from .verifier import TASK_POLICIES, extract_answer, score
 
 # %% auto #0
-__all__ = ['ASKED_FORM', 'pass_at_k', 't_quantile', 'asked_form', 'problem_interval', 'response_tokens', 'grade', 'summarize',
-           'evaluate', 'eval_examples']
+__all__ = ['ASKED_FORM', 'pass_at_k', 't_quantile', 'asked_form', 'strict_ok', 'problem_interval', 'response_tokens', 'grade',
+           'summarize', 'evaluate', 'eval_examples']
 
 # %% ../nbs/10_evaluate.ipynb #eb985256
 def pass_at_k(correct: list[int], # right completions of each prompt
@@ -45,6 +45,10 @@ def asked_form(text: str, task: str) -> bool:
     "Whether `text`'s final answer, as the verifier finds it for `task`, is in the form `task` asks for"
     pol = TASK_POLICIES.get(task, TASK_POLICIES["auto"])
     return extract_answer(text, pol.last_number, bare=pol.bare)[1] == ASKED_FORM.get(task, "boxed")
+
+def strict_ok(examples: list[Example], completions: list[Completion], ok: list[bool]) -> list[bool]:
+    "Each completion right (`ok`, lenient) and in the form its task asks for: the strict grades"
+    return [o and asked_form(c.text, examples[c.prompt_index].task) for o, c in zip(ok, completions)]
 
 def problem_interval(ok: list, samples: int) -> list[float] | None:
     "95% t-interval of the accuracy, over problems (`samples` outcomes each, grouped); None below 2 problems"
@@ -77,7 +81,7 @@ def summarize(examples: list[Example], # the graded prompts
     n = [response_tokens(c, eos_id) for c in completions]
     groups = [ok[i:i + samples] for i in range(0, len(ok), samples)]
     ks = sorted({2 ** i for i in range(samples.bit_length()) if 2 ** i < samples} | {samples})
-    strict = [o and asked_form(c.text, examples[c.prompt_index].task) for o, c in zip(ok, completions)]
+    strict = strict_ok(examples, completions, ok)
     r = dict(accuracy=_m(ok), accuracy_ci95=problem_interval(ok, samples), strict_accuracy=_m(strict),
              strict_accuracy_ci95=problem_interval(strict, samples),
              mixed_group_fraction=_m([0 < sum(g) < samples for g in groups]),
@@ -121,8 +125,7 @@ def evaluate(model, tok, examples: list[Example], # the eval prompts
                           SamplingParams(temperature=0, max_new_tokens=sp.max_new_tokens, logprobs=False))
         ok = (task or Task()).grade(examples, gs)[1]
         r["greedy_accuracy"] = _m(ok)
-        r["greedy_strict_accuracy"] = _m([o and asked_form(c.text, examples[c.prompt_index].task)
-                                          for o, c in zip(ok, gs)])
+        r["greedy_strict_accuracy"] = _m(strict_ok(examples, gs, ok))
         r["greedy_mean_response_tokens"] = _m([response_tokens(c, tok.eos_token_id) for c in gs])
         # what a reader looks at before and after training: the first prompts' greedy answers
         r["greedy_samples"] = [dict(prompt=examples[c.prompt_index].prompt,
