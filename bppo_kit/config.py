@@ -46,6 +46,8 @@ class DataConfig:
     # eval set as local JSONL; "" = the task's default (data/synthetic_eval.jsonl for synthetic)
     eval_path: str = ""
     eval_size: int = param(200, ge=0)  # eval problems used; 0 = all of them
+    # the split evaluated: test (verdicts) or val (to choose settings on: arith, geo3k)
+    eval_split: str = param("test", choices=["test", "val"])
     seed: int = param(0, ge=0, lt=2**32)  # seeds prompt order and the synthetic generator
     # plain: the prompt text as it is (base models); chat: the tokenizer's chat template (instruct models)
     prompt_format: str = param("plain", choices=["plain", "chat"])

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math, time
 from statistics import NormalDist, mean, stdev
 from .config import Config, DataConfig
-from .data import Example, load_task, style_of, synthetic_eval
+from .data import DataError, Example, load_task, style_of, synthetic_eval
 from .policy import prompt_ids
 from .rewards import Task
 from .rollout import Completion, HFEngine, SamplingParams
@@ -135,9 +135,13 @@ def evaluate(model, tok, examples: list[Example], # the eval prompts
 
 # %% ../nbs/10_evaluate.ipynb #08137caf
 def eval_examples(cfg: Config) -> list[Example]:
-    "The eval examples of `cfg.data`"
+    "The eval examples of `cfg.data`: its test set, or its validation set (`data.eval_split=val`)"
     d = cfg.data
+    # the val split: apart from the test set, to choose settings on (`data.eval_path` names a test file)
+    if d.eval_split == "val":
+        if d.task == "synthetic": raise DataError("the synthetic task has no val split yet; use eval_split=test")
+        ex = load_task(d.task, "val", None, d=d)
     # the shipped set, the tail variant's, or `data.eval_path`'s
-    if d.task == "synthetic": ex = synthetic_eval(d)
+    elif d.task == "synthetic": ex = synthetic_eval(d)
     else: ex = load_task(d.task, "test", d.eval_path or None, d=d)
     return ex[:d.eval_size] if d.eval_size else ex
