@@ -18,8 +18,8 @@ from .sampler import make_engine
 
 # %% auto #0
 __all__ = ['COMMANDS', 'seed_everything', 'show_samples', 'accuracy_line', 'cmd_eval', 'cmd_sft', 'cmd_train', 'cmd_probe',
-           'cmd_plot', 'cmd_compare', 'cmd_plan', 'cmd_cost', 'load_plugin', 'build_parser', 'shorthand_overrides',
-           'cmd_launch', 'main']
+           'cmd_plot', 'cmd_compare', 'cmd_tune', 'cmd_plan', 'cmd_cost', 'load_plugin', 'build_parser',
+           'shorthand_overrides', 'cmd_launch', 'main']
 
 # %% ../nbs/27_cli.ipynb #5b7f3859
 def seed_everything(seed: int):
@@ -147,6 +147,10 @@ def cmd_plot(args, cfg: Config) -> int:
     return 0
 
 # %% ../nbs/27_cli.ipynb #a43355f3
+def _arms(args) -> list[str]:
+    "`--algos` as a list of arms (none given: GRPO in both forms and BPPO)"
+    return [a.strip() for a in (args.algos or "grpo_seq,grpo,bppo").split(",") if a.strip()]
+
 def cmd_compare(args, cfg: Config) -> int:
     "`compare` of `--algos` over `--seeds` (with `--budget`: at the baseline's cost); prints `report.md`"
     from bppo_kit.compare import BUDGET_UNITS, compare, parse_seeds, report_folder
@@ -164,17 +168,32 @@ def cmd_compare(args, cfg: Config) -> int:
     if fraction is not None and (args.budget is None or not 0 < fraction <= 10):
         raise ConfigError("--budget-fraction: a share of the baseline's budget in (0, 10], "
                           "with --budget UNIT")
-    if args.chosen_in and not args.confirm:
+    if args.chosen_in and not args.confirm and not getattr(args, "tuned", None):
         raise ConfigError("--chosen-in: names a confirming design's sources; give --confirm too")
     command = "bppo " + shlex.join(getattr(args, "argv", None) or sys.argv[1:])
-    compare(cfg, [a.strip() for a in args.algos.split(",") if a.strip()], parse_seeds(args.seeds),
+    arms, confirm, sources = _arms(args), args.confirm, list(args.chosen_in or ())
+    if tuned := getattr(args, "tuned", None):  # the arms at their chosen settings, on fresh seeds
+        from bppo_kit.tune import tuned_arms
+        arms, confirm, sources = tuned_arms(tuned, arms if args.algos else None), True, [*sources, tuned]
+    compare(cfg, arms, parse_seeds(args.seeds),
             args.out, progress=not args.quiet, tolerance=args.tolerance / 100, budget=args.budget,
             max_steps=args.max_steps, budget_fraction=fraction or 1.0, unit=args.unit,
-            margin=args.margin / 100, confirm=args.confirm,
-            chosen_in=tuple(args.chosen_in or ()), interleave=args.interleave, command=command)
+            margin=args.margin / 100, confirm=confirm,
+            chosen_in=tuple(sources), interleave=args.interleave, command=command)
     print((Path(args.out) / "report.md").read_text())
     return 0
 
+
+# %% ../nbs/27_cli.ipynb #011cb81f
+def cmd_tune(args, cfg: Config) -> int:
+    "`tune` of `--algos` on the tuning seeds `--seeds`: `trials.md`, `tuned.json`, `tune.png`; prints the table"
+    from bppo_kit.compare import parse_seeds
+    from bppo_kit.tune import tune
+    command = "bppo " + shlex.join(getattr(args, "argv", None) or sys.argv[1:])
+    tune(cfg, _arms(args), parse_seeds(args.seeds), args.out, trials=args.trials, budget=args.budget,
+         max_steps=args.max_steps, sampler_seed=args.sampler_seed, progress=not args.quiet, command=command)
+    print((Path(args.out) / "trials.md").read_text())
+    return 0
 
 # %% ../nbs/27_cli.ipynb #ea38adb8
 def cmd_plan(args, cfg: Config) -> int:
@@ -272,8 +291,9 @@ def _compare_args(sub):
                         help="several algorithms, same seeds and budget: report.md, report.json, compare.png")
     _common(cp)
     _plugins(cp)
-    cp.add_argument("--algos", default="grpo_seq,grpo,bppo",
-                    help="comma-separated variants (see bppo_kit.compare.VARIANTS); NAME@STEPS runs more steps")
+    cp.add_argument("--algos", help="comma-separated arms (default grpo_seq,grpo,bppo): variants of "
+                    "bppo_kit.compare.VARIANTS; NAME@STEPS runs more steps; NAME:key=value:… or "
+                    "NAME:FILE.yaml its own settings; with --tuned: which tuned arms (default: all)")
     cp.add_argument("--seeds", default="3", help="N (seeds 0..N-1), A-B (a range) or a list such as 3,7,9")
     cp.add_argument("--steps", type=int, help="train.steps")
     cp.add_argument("--out", default="runs/compare", help="the comparison folder")
@@ -281,7 +301,8 @@ def _compare_args(sub):
                     help="the verdict's cost to target: points below the baseline's final accuracy")
     cp.add_argument("--budget", metavar="UNIT", help="equal cost: the baseline (first of --algos) runs its --steps; "
                     "then each other variant runs until it has spent as much UNIT as the baseline on the "
-                    "same seed: decode_steps (decoding passes, a GPU's cost), generated_tokens or wall_s")
+                    "same seed: decode_steps (decoding passes, a GPU's cost), generated_tokens, "
+                    "trained_tokens or wall_s (one machine's cost)")
     cp.add_argument("--max-steps", type=int,
                     help="with --budget: the most steps another variant may take (default: 10x the baseline's)")
     cp.add_argument("--budget-fraction", type=float, metavar="F",
@@ -290,11 +311,15 @@ def _compare_args(sub):
     _design_args(cp)
     return cp
 
+
+# %% ../nbs/27_cli.ipynb #f6133d8c
 def _design_args(cp):
     "`bppo compare`'s arguments of the design: verdicts' unit and margin, confirmation, order, report only"
     cp.add_argument("--unit", help="the verdicts' unit of cost: wall_s, row_steps, decode_steps, "
                     "generated_tokens or trained_tokens (default: the budget's, else wall_s)")
     cp.add_argument("--margin", type=float, default=2.0, help="equivalence margin of accuracies, in points")
+    cp.add_argument("--tuned", metavar="DIR", help="a tuning folder (bppo tune): each arm at its chosen "
+                    "settings, a confirming design on seeds the tuning did not use")
     cp.add_argument("--confirm", action="store_true",
                     help="a confirming design: refuse seeds a choosing design in --out (or --chosen-in) used")
     cp.add_argument("--chosen-in", action="append", metavar="FOLDER",
@@ -306,6 +331,22 @@ def _design_args(cp):
     cp.add_argument("--baseline", metavar="ARM",
                     help="with --report-only: the same runs against another arm (the report in OUT/vs-ARM/)")
 
+# %% ../nbs/27_cli.ipynb #8a15f8cc
+def _tune_args(sub):
+    "`bppo tune`: its subparser and arguments"
+    tp = sub.add_parser("tune", help="the same search for every arm on tuning seeds, scored on the val set")
+    _common(tp)
+    _plugins(tp)
+    tp.add_argument("--algos", help="comma-separated arms, as bppo compare's (default grpo_seq,grpo,bppo)")
+    tp.add_argument("--seeds", default="2", help="the tuning seeds: N (0..N-1), A-B or a list")
+    tp.add_argument("--trials", type=int, default=8, help="trials per arm (the same for every arm)")
+    tp.add_argument("--steps", type=int, help="train.steps of every trial")
+    tp.add_argument("--out", default="runs/tune", help="the tuning folder")
+    tp.add_argument("--budget", metavar="UNIT", help="equal cost: every trial runs until it has spent "
+                    "what the first arm at the shared settings spent on the same seed (decode_steps, "
+                    "generated_tokens, trained_tokens)")
+    tp.add_argument("--max-steps", type=int, help="with --budget: the most steps a trial may take")
+    tp.add_argument("--sampler-seed", type=int, default=0, help="seeds Optuna's sampler")
 
 # %% ../nbs/27_cli.ipynb #ba716df1
 def _probe_args(sub):
@@ -375,6 +416,7 @@ def build_parser() -> argparse.ArgumentParser:
     _sft_args(sub)
     _train_args(sub)
     _compare_args(sub)
+    _tune_args(sub)
     _probe_args(sub)
     _plot_args(sub)
     _plan_args(sub)
@@ -406,8 +448,8 @@ def cmd_launch(args, cfg: Config) -> int:
                             args.accelerate_config, *n, "-m", "bppo_kit.cli", *cmd])
 
 # %% ../nbs/27_cli.ipynb #2831cca3
-COMMANDS = {"eval": cmd_eval, "sft": cmd_sft, "train": cmd_train, "compare": cmd_compare, "probe": cmd_probe,
-            "plot": cmd_plot, "plan": cmd_plan, "cost": cmd_cost, "launch": cmd_launch}
+COMMANDS = {"eval": cmd_eval, "sft": cmd_sft, "train": cmd_train, "compare": cmd_compare, "tune": cmd_tune,
+            "probe": cmd_probe, "plot": cmd_plot, "plan": cmd_plan, "cost": cmd_cost, "launch": cmd_launch}
 
 def main(argv: list[str] | None = None) -> int:
     "Entry point of the `bppo` command; returns the exit code"
@@ -418,7 +460,7 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, "samples", 1) < 1: raise ConfigError(f"--samples must be >= 1, got {args.samples}")
         for spec in getattr(args, "plugins", []): load_plugin(spec)
         extra = shorthand_overrides(args) if args.cmd == "train" else []
-        if args.cmd == "compare": extra = [f"train.steps={args.steps}"] if args.steps else []
+        if args.cmd in ("compare", "tune"): extra = [f"train.steps={args.steps}"] if args.steps else []
         if args.cmd == "plan" and args.prompt_tokens:
             extra = [f"rollout.max_prompt_tokens={args.prompt_tokens}"]
         cfg = get_config(args.preset, args.config, extra + args.overrides)

@@ -4,7 +4,7 @@
 
 # %% ../nbs/26_compare.ipynb #c8b253f1
 from __future__ import annotations
-import hashlib, json, os, time
+import hashlib, json, os, re, time
 from dataclasses import fields
 from pathlib import Path
 import torch
@@ -17,9 +17,9 @@ from .report import COST_UNITS, TOLERANCES, _cell, _key, _seen, write_report
 
 
 # %% auto #0
-__all__ = ['VARIANTS', 'BUDGET_UNITS', 'variant_config', 'budget_config', 'parse_seeds', 'config_hash', 'check_run_folder',
-           'record_session', 'read_designs', 'record_design', 'chosen_on', 'check_sources', 'check_fresh', 'run_status',
-           'compare', 'report_folder', 'price_folder', 'gpu_lines']
+__all__ = ['VARIANTS', 'BUDGET_UNITS', 'parse_arm', 'run_name', 'variant_config', 'budget_config', 'parse_seeds', 'config_hash',
+           'check_run_folder', 'record_session', 'read_designs', 'record_design', 'chosen_on', 'check_sources',
+           'check_fresh', 'run_status', 'compare', 'report_folder', 'price_folder', 'gpu_lines']
 
 # %% ../nbs/26_compare.ipynb #44ed44a1
 # the progress budget, sooner and tighter: from 10% of training, 1.1x the recent correct lengths' 90th percentile
@@ -104,17 +104,33 @@ _PPO_VARIANTS = {
 VARIANTS = {**_GRPO_BPPO_VARIANTS, **_FAMILY_VARIANTS, **_PPO_VARIANTS}
 
 # %% ../nbs/26_compare.ipynb #9d9fa29b
-def variant_config(base: Config, name: str, seed: int, out: Path) -> Config:
-    ("The config of one run: `base` with the variant's overrides, the seed and its own run folder; "
-     "`bppo@150`: 150 steps")
-    kind, at, steps = name.partition("@")
+def parse_arm(arm: str) -> tuple[str, str, list[str]]:
+    ("An arm `NAME[@STEPS][:SETTING...]` as (variant, its steps or '', its own settings): each setting "
+     "`key=value` or a YAML file, applied in order over the variant's")
+    head, *settings = arm.split(":")
+    kind, at, steps = head.partition("@")
     if kind not in VARIANTS: raise ConfigError(f"unknown variant {kind!r}; choose from {', '.join(VARIANTS)}")
     if at and not (steps.isdigit() and int(steps) > 0):
-        raise ConfigError(f"variant {name!r}: the steps after '@' must be a positive integer")
-    c = from_dict(to_dict(base))  # a copy: the base stays as it was
-    return apply_overrides(c, VARIANTS[kind] + ([f"train.steps={steps}"] if at else [])
-                           + [f"train.seed={seed}", f"data.seed={seed}",
-                              f"train.out={out / f'{name}-s{seed}'}"])
+        raise ConfigError(f"variant {arm!r}: the steps after '@' must be a positive integer")
+    if bad := [s for s in settings if "=" not in s and not s.endswith((".yaml", ".yml"))]:
+        raise ConfigError(f"arm {arm!r}: {bad[0]!r} is neither key=value nor a YAML file")
+    return kind, steps, settings
+
+def run_name(arm: str) -> str:
+    "The folder name of an arm's runs (NAME-sSEED): the arm and its settings joined by `~` (a YAML: its stem)"
+    head, *settings = arm.split(":")
+    parts = [head, *(s if "=" in s else Path(s).stem for s in settings)]
+    return re.sub(r"[^\w.=@+~-]", "_", "~".join(parts))
+
+def variant_config(base: Config, name: str, seed: int, out: Path) -> Config:
+    ("The config of one run: `base` with the arm's variant and settings (`parse_arm`), the seed and its own "
+     "run folder; `bppo@150`: 150 steps; `bppo:train.lr=3e-4`: BPPO at another learning rate")
+    kind, steps, settings = parse_arm(name)
+    c = apply_overrides(from_dict(to_dict(base)),  # a copy: the base stays as it was
+                        VARIANTS[kind] + ([f"train.steps={steps}"] if steps else []))
+    for s in settings: c = apply_overrides(c, [s]) if "=" in s else load_config(s, c)
+    return apply_overrides(c, [f"train.seed={seed}", f"data.seed={seed}",
+                               f"train.out={out / f'{run_name(name)}-s{seed}'}"])
 
 # %% ../nbs/26_compare.ipynb #58c80186
 BUDGET_UNITS = next(f.metadata["choices"] for f in fields(TrainConfig) if f.name == "budget_unit")
@@ -329,7 +345,7 @@ def report_folder(out, unit: str | None = None, # the verdicts' unit (None: the 
         d = d | dict(baseline=baseline, budget_of=d["baseline"],
                      variants=[baseline, *(v for v in d["variants"] if v != baseline)])
         (to := Path(out) / f"vs-{baseline}").mkdir(exist_ok=True)
-    runs = {v: {s: Path(out) / f"{v}-s{s}" for s in d["seeds"]} for v in d["variants"]}
+    runs = {v: {s: Path(out) / f"{run_name(v)}-s{s}" for s in d["seeds"]} for v in d["variants"]}
     if left := [str(p) for seeds in runs.values() for p in seeds.values() if not _finished(p)]:
         raise ConfigError(f"compare: {len(left)} run(s) of the design did not finish, e.g. {left[0]}; run its "
                           "command again to finish them")
@@ -344,8 +360,9 @@ def price_folder(out, model: str, gpu: str, gpus: int = 1, k: int = 0, # k: asyn
     designs = read_designs(Path(out))
     if not designs: raise ConfigError(f"cost: no design.json in {out}: a run folder or a comparison folder")
     d = designs[-1]
-    runs = {f"{v}-s{s}": Path(out) / f"{v}-s{s}" for v in d["variants"] for s in d["seeds"]}
-    base = [Path(out) / f"{d['baseline']}-s{s}" for s in d["seeds"]]
+    names = [f"{run_name(v)}-s{s}" for v in d["variants"] for s in d["seeds"]]
+    runs = {name: Path(out) / name for name in names}
+    base = [Path(out) / f"{run_name(d['baseline'])}-s{s}" for s in d["seeds"]]
     f = length_scale(base, mean_length) if mean_length else 1.0  # one f for every arm: lengths stay relative
     preds = {name: write_cost(run, model=model, gpu=gpu, gpus=gpus, k=k, own_weights=own_weights, scale=f)
              for name, run in runs.items()}

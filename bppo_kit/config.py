@@ -161,7 +161,8 @@ class TrainConfig:
     # stop when the run's total of `budget_unit` reaches `budget` (train.steps stays the cap); 0 = run train.steps.
     # `bppo compare --budget` gives every variant the baseline's cost this way
     budget: float = param(0.0, ge=0)
-    budget_unit: str = param("decode_steps", choices=["decode_steps", "generated_tokens", "wall_s"])
+    budget_unit: str = param("decode_steps", choices=["decode_steps", "generated_tokens", "trained_tokens",
+                                                           "wall_s"])
 
 # %% ../nbs/00_config.ipynb #cc941969
 @dataclass

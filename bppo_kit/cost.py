@@ -8,20 +8,21 @@ import json, math
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 from .config import Config, ConfigError, load_config
 from .kit_engine import KitEngine
 from .rollout import engine_caps, engine_class
 from .plan import Arch, arch_of, model_config
+from .policy import SHIPPED_POLICIES
 from .runs import read_jsonl_rows
 
 # %% auto #0
-__all__ = ['GPUS', 'ASSUMED', 'SAMPLER_BYTES', 'PHASES', 'GPU', 'gpu_of', 'Efficiency', 'shape', 'decode_pass',
-           'decode_pass_seconds', 'op_bytes', 'sampler_bytes', 'prefill_seconds', 'update_seconds', 'sync_seconds',
-           'coarse_passes', 'step_cost', 'scale_lengths', 'length_scale', 'pipeline', 'predict_run', 'write_cost',
-           'config_step', 'plan_seconds', 'cost_lines']
+__all__ = ['GPUS', 'ASSUMED', 'SAMPLER_BYTES', 'PHASES', 'PASS_OVERHEADS', 'SLEEP_WAKE_S', 'GPU', 'gpu_of', 'Efficiency', 'shape',
+           'decode_pass', 'decode_pass_seconds', 'op_bytes', 'sampler_bytes', 'prefill_seconds', 'update_seconds',
+           'sync_seconds', 'coarse_passes', 'step_cost', 'scale_lengths', 'length_scale', 'pipeline', 'predict_run',
+           'assumption_grid', 'price_band', 'band_words', 'write_cost', 'config_step', 'plan_seconds', 'cost_lines']
 
 # %% ../nbs/23b_cost.ipynb #04b98caa
 @dataclass(frozen=True)
@@ -54,6 +55,7 @@ class Efficiency:
     update_flops: float = 0.4  # of the FLOP/s, the update's forwards and backwards
     link: float = 0.8  # of the link, for the gradient all-reduce between GPUs
     sleep_s: float = 0.0  # an engine's sleep and wake each step (vLLM's sleep mode: to measure; kit: none)
+    pass_overhead_s: float = 0.0  # a decoding pass's seconds beyond its roofline (launches, the Python loop)
 
 ASSUMED = Efficiency()
 
@@ -77,7 +79,7 @@ def decode_pass(model, gpu, rows: int, context: float, # rows decoded; cached to
     nbytes = dtype_bytes * a.matmul + kv * context + acts + sampler_bytes * rows * a.vocab
     flops = 2 * a.matmul * rows + 4 * a.layers * a.heads * a.head_dim * context
     memory_s, compute_s = nbytes / (g.bandwidth * eff.bandwidth), flops / (g.flops * eff.decode_flops)
-    return dict(flops=flops, bytes=nbytes, seconds=max(memory_s, compute_s),
+    return dict(flops=flops, bytes=nbytes, seconds=max(memory_s, compute_s) + eff.pass_overhead_s,
                 bound="memory" if memory_s >= compute_s else "compute")
 
 def decode_pass_seconds(model, gpu, rows: int, context: float, **kw) -> float:
@@ -138,8 +140,8 @@ def sync_seconds(model, gpu, own_weights: bool, dtype_bytes: int = 2, eff: Effic
 
 # %% ../nbs/23b_cost.ipynb #c7c74ca5
 def coarse_passes(row: dict) -> dict:
-    ("A row without a pass histogram: its passes at their mean rows (an older kit run), or its requests as one "
-     "batch decoding their mean length (HF, vLLM); the cached tokens read unknown")
+    ("A row without a pass histogram: its passes at their mean rows (an older kit run), or its requests as "
+     "one batch decoding their mean length (HF, vLLM); the cached tokens read unknown")
     passes, busy = row.get("decode_steps") or 0, row.get("row_steps") or 0
     if passes and busy: return {str(max(1, round(busy / passes))): [passes, 0]}
     n, tokens = row.get("requests") or 0, row.get("generated_tokens") or 0
@@ -173,7 +175,8 @@ def scale_lengths(row: dict, f: float) -> dict:
     for rows, (passes, ctx) in (row.get("decode_rows") or coarse_passes(row)).items():
         prompt = min(ctx, passes * int(rows) * P)  # what the rows read of their prompts, the rest generated
         hist[rows] = [passes * f, f * prompt + f * f * (ctx - prompt)]
-    grow = (P + f * L) / (P + L) if P + L else f  # a trained sequence: its prompt and a response f times as long
+    # a trained sequence: its prompt and a response f times as long
+    grow = (P + f * L) / (P + L) if P + L else f
     return row | dict(decode_rows=hist, generated_tokens=(row.get("generated_tokens") or 0) * f,
                       update_tokens=(row.get("update_tokens") or 0) * grow,
                       logprob_tokens=(row.get("logprob_tokens") or 0) * grow)
@@ -183,9 +186,9 @@ def length_scale(runs: list[Path], mean: float) -> float:
     rows = [r for run in runs for r in read_jsonl_rows(Path(run) / "metrics.jsonl")]
     n, tokens = sum(r.get("requests") or 0 for r in rows), sum(r.get("generated_tokens") or 0 for r in rows)
     if mean <= 0: raise ConfigError(f"--mean-length must be > 0; got {mean}")
-    if not n or not tokens: raise ConfigError("--mean-length: these runs record no requests and generated tokens")
+    if not n or not tokens:
+        raise ConfigError("--mean-length: these runs record no requests and generated tokens")
     return mean / (tokens / n)
-
 
 # %% ../nbs/23b_cost.ipynb #a17c922f
 def pipeline(rollout: list[float], update: list[float], k: int = 0) -> list[float]:
@@ -221,15 +224,52 @@ def predict_run(run: Path, model, gpu, gpus: int = 1, k: int = 0, own_weights: b
                    ops_per_byte=flops / nbytes if nbytes else None, generated_tokens_per_s=tokens / total,
                    **{f"{p}_per_step": sum(s[p] for s in steps) / len(steps) for p in PHASES})
     trace = "passes" if all(r.get("decode_rows") for r in m) else "coarse (no pass histogram)"
+    # the tiny policies' tokenizer is one token per character: priced one for one, and said so
+    unit = "characters" if cfg.model.name_or_path in SHIPPED_POLICIES else "tokens"
     return dict(model=model if isinstance(model, str) else "arch", gpu=gpu_of(gpu).name, gpus=gpus,
                 staleness=k, own_weights=own, efficiency=asdict(eff), trace=trace, lengths_scale=scale,
-                predicted=True, steps=steps, summary=summary)
+                token_unit=unit, predicted=True, steps=steps, summary=summary)
 
 PHASES = ("decode_s", "prefill_s", "update_s", "sync_s")
 
+# %% ../nbs/23b_cost.ipynb #bb3639f8
+PASS_OVERHEADS = (0.0, 1e-3, 2.5e-3, 5e-3)  # seconds a decoding pass may cost beyond its roofline
+# a step's sleep and wake when not free: one 1.5B model's weights over PCIe (stated, not measured)
+SLEEP_WAKE_S = 0.1
+
+def assumption_grid(eff: Efficiency = ASSUMED, overheads: tuple = PASS_OVERHEADS,
+                    sleeps: tuple = (0.0, SLEEP_WAKE_S)) -> list[Efficiency]:
+    "`eff` with each per-pass overhead of `overheads` and each per-step sleep and wake of `sleeps`"
+    return [replace(eff, pass_overhead_s=o, sleep_s=s) for o in overheads for s in sleeps]
+
+def price_band(run: Path, overheads: tuple = PASS_OVERHEADS, sleeps: tuple = (0.0, SLEEP_WAKE_S),
+               eff: Efficiency = ASSUMED,
+               **kw) -> dict: # `predict_run`'s model, gpu, gpus, k, own_weights, scale
+    ("Run folder `run`'s predicted total at `eff` (`default`), at each point of the assumption grid "
+     "(`grid`), and the band the grid spans (`low`, `high`): its sensitivity to what the model assumes")
+    grid = [dict(pass_overhead_s=e.pass_overhead_s, sleep_s=e.sleep_s,
+                 total_s=predict_run(run, eff=e, **kw)["summary"]["total_s"])
+            for e in assumption_grid(eff, overheads, sleeps)]
+    totals = [g["total_s"] for g in grid]
+    default = predict_run(run, eff=eff, **kw)["summary"]["total_s"]
+    return dict(default=default, low=min(totals), high=max(totals), grid=grid)
+
+# %% ../nbs/23b_cost.ipynb #27fe8b26
+def _either(xs: list[float]) -> str:
+    words = [f"{x:g}" for x in xs]
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " or " + words[-1]
+
+def band_words(grid: list[dict]) -> str: # a `price_band`'s grid
+    "The assumptions a band spans, in words"
+    overheads = sorted({1e3 * g["pass_overhead_s"] for g in grid})
+    sleeps = sorted({g["sleep_s"] for g in grid})
+    return (f"a per-pass overhead of {_either(overheads)} ms and a step's sleep and wake of "
+            f"{_either(sleeps)} s")
+
+# %% ../nbs/23b_cost.ipynb #33881a5e
 def write_cost(run: Path, **kw) -> dict:
-    "`predict_run(run, **kw)`, saved as `run/cost.json`"
-    out = predict_run(run, **kw)
+    "`predict_run(run, **kw)` with its `price_band`, saved as `run/cost.json`"
+    out = predict_run(run, **kw) | dict(band=price_band(run, **kw))
     (Path(run) / "cost.json").write_text(json.dumps(out, indent=1))
     return out
 
@@ -254,16 +294,22 @@ def _scaled(p: dict) -> str:
     f = p.get("lengths_scale", 1.0)
     return "" if f == 1 else f", every response {f:.3g}x as long as the run's (`scale_lengths`)"
 
-def cost_lines(preds: dict[str, dict]) -> list[str]: # name -> a `predict_run`
+def _banded(p: dict) -> str:
+    return f" Band: the total at {band_words(p['band']['grid'])} (`price_band`)." if p.get("band") else ""
+
+def cost_lines(preds: dict[str, dict]) -> list[str]: # name -> a `predict_run` (a `write_cost`: with its band)
     "Markdown lines: each prediction's seconds per step by phase, totals in turn and asynchronous, intensity"
     first = next(iter(preds.values()))
     lines = [f"Predicted on {first['gpus']} x {first['gpu']} for {first['model']} (not measured; the cost "
-             f"lesson's efficiencies), staleness {first['staleness']}" + _scaled(first) + ".", "",
-             "| run | decode s/step | prefill s/step | update s/step | sync s/step | total s | in turn s | "
-             "speed-up | rollout share | ops/byte | trace |", "|---" * 11 + "|"]
+             f"lesson's efficiencies), staleness {first['staleness']}" + _scaled(first) + "."
+             + _banded(first), "",
+             "| run | decode s/step | prefill s/step | update s/step | sync s/step | total s | band s | "
+             "in turn s | speed-up | rollout share | ops/byte | trace |", "|---" * 12 + "|"]
     for name, p in preds.items():
         s, f = p["summary"], lambda x: "–" if x is None else f"{x:.3g}"
         phases = " | ".join(f(s[f"{k}_per_step"]) for k in PHASES)
-        lines.append(f"| {name} | {phases} | {f(s['total_s'])} | {f(s['in_turn_s'])} | {f(s['speedup'])}x | "
-                     f"{s['rollout_share']:.0%} | {f(s['ops_per_byte'])} | {p['trace']} |")
+        band = f"{f(p['band']['low'])}–{f(p['band']['high'])}" if p.get("band") else "–"
+        lines.append(f"| {name} | {phases} | {f(s['total_s'])} | {band} | {f(s['in_turn_s'])} | "
+                     f"{f(s['speedup'])}x | {s['rollout_share']:.0%} | {f(s['ops_per_byte'])} | "
+                     f"{p['trace']} |")
     return lines

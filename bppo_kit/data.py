@@ -11,13 +11,13 @@ from typing import Iterator
 from .config import DataConfig, data_dir, shared_data_dir
 
 # %% auto #0
-__all__ = ['OPS', 'SYNTHETIC_EVAL_SEED', 'SYNTHETIC_EVAL_SIZE', 'TAIL_EVAL_SEED', 'ARITH_OPS', 'ARITH_TEMPLATE', 'ARITH_SPLITS',
-           'ROLES', 'MATH_TEMPLATE', 'GSM8K_TEMPLATE', 'TASKS', 'Example', 'Problem', 'make_problem',
-           'synthetic_prompt', 'make_trace', 'style_of', 'synthetic_example', 'make_synthetic_eval', 'synthetic_stream',
-           'DataError', 'read_jsonl', 'write_jsonl', 'load_synthetic_eval', 'make_chain', 'tail_n_ops',
-           'make_tail_eval', 'tail_stream', 'synthetic_eval', 'problem_stream', 'arith_split', 'arith_examples',
-           'check_messages', 'conversation', 'prompt_messages', 'prompt_text', 'last_boxed', 'row_to_example',
-           'task_rows', 'load_task']
+__all__ = ['OPS', 'SYNTHETIC_EVAL_SEED', 'SYNTHETIC_EVAL_SIZE', 'TAIL_EVAL_SEED', 'SYNTHETIC_VAL_SEED', 'TAIL_VAL_SEED',
+           'ARITH_OPS', 'ARITH_TEMPLATE', 'ARITH_SPLITS', 'ROLES', 'MATH_TEMPLATE', 'GSM8K_TEMPLATE', 'TASKS',
+           'Example', 'Problem', 'make_problem', 'synthetic_prompt', 'make_trace', 'style_of', 'synthetic_example',
+           'make_synthetic_eval', 'synthetic_stream', 'DataError', 'read_jsonl', 'write_jsonl', 'load_synthetic_eval',
+           'make_chain', 'tail_n_ops', 'make_tail_eval', 'tail_stream', 'synthetic_eval', 'synthetic_val', 'held_out',
+           'problem_stream', 'arith_split', 'arith_examples', 'check_messages', 'conversation', 'prompt_messages',
+           'prompt_text', 'last_boxed', 'row_to_example', 'task_rows', 'load_task']
 
 # %% ../nbs/01_data.ipynb #37bccd58
 @dataclass
@@ -226,6 +226,25 @@ def synthetic_eval(d: DataConfig | None = None) -> list[Example]:
     if d.eval_path: return load_synthetic_eval(d.eval_path)
     if d.ops_tail > 0: return make_tail_eval(d.ops_tail, d.max_ops)
     return load_synthetic_eval()
+
+# %% ../nbs/01_data.ipynb #de625c82
+SYNTHETIC_VAL_SEED, TAIL_VAL_SEED = 5678, 8765
+
+def synthetic_val(d: DataConfig | None = None) -> list[Example]:
+    ("The synthetic task's validation set, to choose settings on: 200 problems of `d`'s variant from their "
+     "own seed, none of them in `synthetic_eval(d)`")
+    d = d or DataConfig()
+    test, n = {e.meta["expr"] for e in synthetic_eval(d)}, SYNTHETIC_EVAL_SIZE
+    more = (make_tail_eval(d.ops_tail, d.max_ops, 2 * n, TAIL_VAL_SEED) if d.ops_tail > 0
+            else make_synthetic_eval(2 * n, SYNTHETIC_VAL_SEED))
+    return [e for e in more if e.meta["expr"] not in test][:n]
+
+# %% ../nbs/01_data.ipynb #2d2a6762
+def held_out(d: DataConfig) -> set[str]:
+    ("The synthetic expressions a run of `d` never trains on: the test set's, and the val set's when it "
+     "evaluates on it (`data.eval_split=val`, a run that chooses settings)")
+    held = {e.meta["expr"] for e in synthetic_eval(d)}
+    return held | {e.meta["expr"] for e in synthetic_val(d)} if d.eval_split == "val" else held
 
 # %% ../nbs/01_data.ipynb #86517da3
 def problem_stream(d: DataConfig, # the data config: `ops_tail`, `max_ops`, `eval_path`

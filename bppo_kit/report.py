@@ -9,14 +9,16 @@ from pathlib import Path
 from matplotlib.figure import Figure
 from .runs import read_jsonl_rows
 from .trainer import run_cost
-from .stats import contrast_table, eval_noise, mde, summarize
+from .cost import band_words
+from .stats import contrast_table, eval_noise, mde, plateau_over_seeds, summarize
 
 # %% auto #0
-__all__ = ['LOAD_MARGIN', 'COST_UNITS', 'FRACTIONS', 'TOLERANCES', 'DESCRIBED', 'UNIT_NAMES', 'loaded', 'metric_rows',
-           'accuracy_curve', 'interpolate', 'subset_curve', 'crossing', 'against_baseline', 'run_summary', 'runs_of',
-           'cost_to_target', 'is_accuracy', 'metric_values', 'arms_and_contrasts', 'verdict_table', 'units_table',
-           'fractions_table', 'target_table', 'responses_table', 'report_head', 'compare_figure', 'equal_cost_figure',
-           'build_report', 'verdict_figure', 'write_report']
+__all__ = ['LOAD_MARGIN', 'COST_UNITS', 'FRACTIONS', 'TOLERANCES', 'DESCRIBED', 'UNIT_NAMES', 'PLATEAU_MARGIN', 'loaded',
+           'metric_rows', 'accuracy_curve', 'interpolate', 'subset_curve', 'crossing', 'against_baseline',
+           'run_summary', 'runs_of', 'cost_to_target', 'is_accuracy', 'metric_values', 'arms_and_contrasts',
+           'gpu_prediction', 'verdict_table', 'units_table', 'gpu_note', 'fractions_table', 'target_table',
+           'responses_table', 'secondary_sections', 'baseline_plateau', 'plateau_line', 'report_head', 'compare_figure',
+           'equal_cost_figure', 'build_report', 'verdict_figure', 'write_report']
 
 # %% ../nbs/25c_report.ipynb #44b602f9
 LOAD_MARGIN = 0.5  # a load above the cores by more than this flags the run's wall times
@@ -198,6 +200,37 @@ def arms_and_contrasts(per: dict[str, dict[int, dict]], baseline: str, # arm -> 
         mde80[metric] = mde(math.sqrt(statistics.fmean(s * s for s in sds)), n_seeds) if sds else None
     return arms, contrasts, mde80
 
+# %% ../nbs/25c_report.ipynb #7f89ae48
+def _summed(bands: dict[int, dict], seeds: list[int]) -> list[float]:
+    "The default total, then each grid point's, of `bands` (seed -> a `cost.json`'s band) summed over `seeds`"
+    rows = [[bands[s]["default"], *(g["total_s"] for g in bands[s]["grid"])] for s in seeds]
+    return [sum(col) for col in zip(*rows)]
+
+def gpu_prediction(runs: dict[str, dict[int, Path]], # arm -> seed -> run folder
+                   baseline: str) -> dict | None:
+    ("Each arm's predicted GPU total over the baseline's (summed over the seeds both priced) at the cost "
+     "model's default assumptions, and that ratio's band over its grid; None where the baseline has no band")
+    costs = {n: {s: json.loads((p / "cost.json").read_text()) for s, p in seeds.items()
+                 if (p / "cost.json").exists()} for n, seeds in runs.items()}
+    bands = {n: {s: c["band"] for s, c in cs.items() if c.get("band")} for n, cs in costs.items()}
+    base = bands.get(baseline)
+    if not base: return None
+    arms = {}
+    for name, mine in bands.items():
+        seeds = sorted(set(mine) & set(base))
+        if name == baseline or not seeds: continue
+        ratios = [a / b for a, b in zip(_summed(mine, seeds), _summed(base, seeds))]
+        arms[name] = dict(ratio=ratios[0], low=min(ratios[1:]), high=max(ratios[1:]), seeds=seeds)
+    units = {c.get("token_unit") for cs in costs.values() for c in cs.values()}
+    return dict(arms=arms, assumptions=band_words(next(iter(base.values()))["grid"]),
+                characters="characters" in units)
+
+def _predicted(s: dict | None, ratio: str, band: dict | None) -> str:
+    "A predicted total without an interval; beside an arm, its ratio to the baseline's with the band"
+    if not s: return "–"
+    return f"{s['mean']:.3g}" + (f" ({band['ratio']:.2f}x, band {band['low']:.2f}–{band['high']:.2f}x)"
+                                 if band else ratio)
+
 # %% ../nbs/25c_report.ipynb #23511073
 def _cell(s: dict | None, pct: bool = False) -> str:
     "A summary as `mean [lo, hi]` (accuracies in %, one decimal; others 3 significant digits); – for none"
@@ -227,9 +260,9 @@ def verdict_table(arms: dict, contrasts: dict, design: dict) -> list[str]:
     u, n, tol = design["unit"], len(design["seeds"]), _key(100 * design["tolerance"])
     keys = [("final_accuracy", True), (f"accuracy_at_0.5_{u}", True), (f"to_target_{tol}pt_{u}", False)]
     name = UNIT_NAMES[u]
-    lines = [f"| arm | final accuracy % | vs baseline, points | verdict | accuracy at 0.5x the baseline's "
-             f"{name}, % | vs the baseline's final | verdict | {name} to the baseline's final less {tol} pt, "
-             "x its total | vs baseline | verdict |", "|---" * 10 + "|"]
+    lines = [f"| arm | primary: final accuracy % | vs baseline, points | verdict | secondary: accuracy "
+             f"at 0.5x the baseline's {name}, % | vs the baseline's final | verdict | secondary: {name} to "
+             f"the baseline's final less {tol} pt, x its total | vs baseline | verdict |", "|---" * 10 + "|"]
     for name in arms:
         cells = []
         for k, pct in keys:
@@ -241,18 +274,40 @@ def verdict_table(arms: dict, contrasts: dict, design: dict) -> list[str]:
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return lines
 
-def units_table(arms: dict, baseline: str, flagged: set) -> list[str]:
-    "Markdown lines: every arm's total in every unit (x the baseline's mean), predicted GPU seconds last"
+# %% ../nbs/25c_report.ipynb #53a84e13
+def units_table(arms: dict, baseline: str, flagged: set,
+                gpu: dict | None = None) -> list[str]: # `gpu_prediction`
+    ("Markdown lines: every arm's total in every unit (x the baseline's mean), predicted GPU seconds last, "
+     "with an arm's ratio to the baseline and its band over the cost model's assumptions")
     units = [u for u in COST_UNITS if u == "gpu_s" or any(f"total_{u}" in a for a in arms.values())]
-    lines = ["| arm | " + " | ".join(UNIT_NAMES[u] for u in units) + " |", "|---" * (len(units) + 1) + "|"]
+    # predicted GPU seconds last, a prediction's label
+    heads = [UNIT_NAMES[u] for u in units[:-1]] + ["GPU s, predicted (band over cost-model assumptions)"]
+    lines = ["| arm | " + " | ".join(heads) + " |", "|---" * (len(units) + 1) + "|"]
     for name, a in arms.items():
         cells = []
         for u in units:
             s, b = a.get(f"total_{u}"), arms[baseline].get(f"total_{u}")
             ratio = f" ({s['mean'] / b['mean']:.2f}x)" if s and b and b["mean"] and name != baseline else ""
+            if u == "gpu_s":  # a prediction: no interval (`gpu_prediction`)
+                cells.append(_predicted(s, ratio, (gpu or {}).get("arms", {}).get(name)))
+                continue
             cells.append(_cell(s) + ratio + (" ⚠" if u == "wall_s" and name in flagged else ""))
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return lines
+
+# %% ../nbs/25c_report.ipynb #f16d9045
+def gpu_note(gpu: dict | None) -> list[str]: # `gpu_prediction`
+    "Markdown lines under the units table: what the predicted GPU column holds, how its tokens were priced"
+    if not gpu: return []
+    note = ("GPU s is predicted by the cost model (lesson 23b), not measured: a cell is the mean total at "
+            "the model's default assumptions, without an interval; beside an arm, its total over the "
+            "baseline's on the seeds both priced, predicted (band over cost-model assumptions: "
+            f"{gpu['assumptions']}).")
+    if gpu["characters"]:
+        note += (" The runs' tokens are the tiny policy's characters, priced one for one as the model's "
+                 "tokens: a byte-level BPE tokenizer spells the same text in at most as many, so the "
+                 "predicted passes and tokens are upper bounds for it.")
+    return ["", note]
 
 # %% ../nbs/25c_report.ipynb #cb0fc94c
 def fractions_table(arms: dict, contrasts: dict, design: dict) -> list[str]:
@@ -290,17 +345,65 @@ def responses_table(arms: dict) -> list[str]:
     return lines + [f"| {name} | " + " | ".join(_cell(a.get(k), pct) for k, _, pct in cols) + " |"
                     for name, a in arms.items()]
 
+# %% ../nbs/25c_report.ipynb #81039cfd
+def secondary_sections(rep: dict) -> list[str]:
+    "Markdown lines: the secondary endpoints at every fraction of the baseline's cost and at every tolerance"
+    d, curve, arms = rep["design"], rep["curve"] or {}, rep["arms"]
+    name = UNIT_NAMES[d["unit"]]
+    lines = ["", f"## Secondary: accuracy at fractions of the baseline's {name}", "",
+             "Each run's accuracy at a fraction of its seed's baseline run's total, linear between its "
+             f"evaluations ({curve.get('kind') or 'none'}: the curve with more points; at least "
+             f"{curve.get('min_points', 0)} a run); a run that never spent that much: left out, "
+             "its seeds counted. Beside it, the difference from the baseline's final accuracy on the same "
+             "curve (points). Other units: `report.json`.", ""]
+    lines += fractions_table(arms, rep["contrasts"], d)
+    lines += ["", f"## Secondary: {name} to the baseline's final accuracy", "",
+              "Each run's cost until its accuracy curve (linear between full evaluations) first reached its "
+              "seed's baseline final accuracy less a tolerance, over the baseline's total (never: left out).", ""]
+    return lines + target_table(arms, d)
+
+# %% ../nbs/25c_report.ipynb #6638df2c
+PLATEAU_MARGIN = 0.01  # 1 point: a baseline whose last quarter gains less has plateaued
+
+def baseline_plateau(runs: dict[int, Path], unit: str, # the baseline's runs: seed -> run folder
+                     margin: float = PLATEAU_MARGIN, share: float = 0.25) -> dict | None:
+    ("The baseline's gain over the last `share` of its `unit`, over seeds (`plateau_over_seeds`), each run's "
+     "curve the one with more points; None without a curve of 2 points")
+    curves = {}
+    for seed, run in runs.items():
+        full, sub = accuracy_curve(run, unit), subset_curve(run, unit)
+        if len(c := sub if len(sub) > len(full) else full) >= 2: curves[seed] = c
+    if not curves: return None
+    return plateau_over_seeds(list(curves.values()), margin, share) | dict(
+        seeds=list(curves), unit=unit, points=min(map(len, curves.values())))
+
+# %% ../nbs/25c_report.ipynb #562a506c
+def plateau_line(p: dict | None) -> list[str]: # `baseline_plateau`
+    "Markdown lines: the baseline's last-quarter gain, its interval and its plateau verdict"
+    if not p: return []
+    pts = lambda x: f"{100 * x:+.1f}"
+    ci = f" [{pts(p['ci95'][0])}, {pts(p['ci95'][1])}]" if p.get("ci95") else ""
+    line = (f"The baseline's plateau: it gained {pts(p['mean'])} points{ci} over the last "
+            f"{p['share']:.0%} of its {UNIT_NAMES[p['unit']]} ({p['n']} seed(s)): **{p['verdict']}** at a "
+            f"margin of {100 * p['margin']:g} point(s) (plateaued: the 95% interval below it; rising: "
+            "above it; else unclear).")
+    if p["points"] < 3: line += " Its curves have 2 evaluations: the gain is a straight line's."
+    return [line, ""]
+
 # %% ../nbs/25c_report.ipynb #de6bb3c9
 def report_head(rep: dict) -> list[str]:
-    "Markdown lines: the design, the interval convention (once), warnings, what it detects, eval noise"
+    "Markdown lines: the design, the convention (once), the plateau, warnings, what it detects, eval noise"
     d, base = rep["design"], rep["design"]["baseline"]
     seeds, arms = ", ".join(map(str, d["seeds"])), ", ".join(rep["arms"])
     lines = [f"# Comparison: {arms} — {len(d['seeds'])} seed(s) ({seeds}), a {d['kind']} design", "",
              f"Baseline: {base}. Every interval is a 95% Student-t interval over seeds (sample SD); a "
-             "difference is the arm's minus the baseline's, seed by seed, its p-value two-sided and "
-             "Holm-adjusted over the arms; an accuracy is `equivalent` when a TOST shows it within "
-             f"±{100 * d['margin']:g} points. Verdicts at α = 0.05: better, worse, equivalent or inconclusive. "
-             f"Verdict unit: {UNIT_NAMES[d['unit']]}.", ""]
+             "difference is the arm's minus the baseline's, seed by seed, its p-value two-sided; an "
+             f"accuracy is `equivalent` when a TOST shows it within ±{100 * d['margin']:g} points; both "
+             "tests' p-values are Holm-adjusted over the arms (each test its own family). Verdicts at "
+             f"α = 0.05: better, worse, equivalent or inconclusive. Verdict unit: {UNIT_NAMES[d['unit']]}. "
+             "Only the first verdict, final accuracy at the design's budget, is the primary endpoint; the "
+             "others are secondary.", ""]
+    lines += plateau_line(rep.get("plateau"))
     if d["kind"] == "choosing":
         lines += ["A choosing design: its arms were tried on these seeds; a variant picked from it must be "
                   "confirmed on fresh seeds (`--confirm`).", ""]
@@ -314,8 +417,9 @@ def report_head(rep: dict) -> list[str]:
         lines.append(f"- ⚠ an accuracy curve has only {curve['min_points']} evaluation(s): accuracy at a fraction "
                      "of the cost and cost to target are read off a straight line from the first to the last "
                      "(evaluate more often: `train.eval_every`, with `train.eval_subset` to keep it cheap).")
-    detect = [(what, d["mde80"].get(k)) for what, k in (("final accuracy", "final_accuracy"), (
-        f"accuracy at 0.5x the baseline's {UNIT_NAMES[d['unit']]}", f"accuracy_at_0.5_{d['unit']}"))]
+    half = f"accuracy at 0.5x the baseline's {UNIT_NAMES[d['unit']]} (secondary)"
+    detect = [(what, d["mde80"].get(k)) for what, k in (("final accuracy", "final_accuracy"),
+                                                        (half, f"accuracy_at_0.5_{d['unit']}"))]
     if any(x for _, x in detect):
         lines += [""] * (lines[-1] != "") + ["This design detects with 80% power differences of " + "; ".join(
             f"{100 * x:.1f} points in {what}" for what, x in detect if x) + "."]
@@ -390,8 +494,10 @@ def equal_cost_figure(runs: dict[str, list[Path]], # variant -> its run folders;
     return fig
 
 # %% ../nbs/25c_report.ipynb #cff10b8d
-def build_report(runs: dict[str, dict[int, Path]], design: dict, chosen: dict | None = None) -> dict:
-    "The report's data: per-run numbers, arms, contrasts, the design and what it detects, flags, eval noise"
+def build_report(runs: dict[str, dict[int, Path]], design: dict, chosen: dict | None = None,
+                 plateau_margin: float = PLATEAU_MARGIN) -> dict:
+    ("The report's data: per-run numbers, arms, contrasts, the design and what it detects, flags, eval "
+     "noise, the baseline's plateau, the predicted GPU contrasts")
     base, tols = design["baseline"], tuple(sorted(set(TOLERANCES) | {design["tolerance"]}))
     per = {n: {s: run_summary(p, runs[base].get(s), tols) for s, p in seeds.items()}
            for n, seeds in runs.items()}
@@ -414,7 +520,9 @@ def build_report(runs: dict[str, dict[int, Path]], design: dict, chosen: dict | 
                 runs={n: {str(s): str(p) for s, p in seeds.items()} for n, seeds in runs.items()},
                 per_run={n: {str(s): r for s, r in rs.items()} for n, rs in per.items()},
                 flags=[str(p) for seeds in runs.values() for p in seeds.values() if loaded(p)],
-                chosen={n: s for n, s in shown.items() if s}, eval_noise=noise)
+                chosen={n: s for n, s in shown.items() if s}, eval_noise=noise,
+                plateau=baseline_plateau(runs[base], design["unit"], plateau_margin),
+                gpu_prediction=gpu_prediction(runs, base))
 
 # %% ../nbs/25c_report.ipynb #7e4d1c02
 def verdict_figure(rep: dict, # a report (`build_report`)
@@ -448,14 +556,13 @@ def verdict_figure(rep: dict, # a report (`build_report`)
 
 # %% ../nbs/25c_report.ipynb #3b798594
 def write_report(out: Path, runs: dict[str, dict[int, Path]], # arm -> seed -> run folder
-                 design: dict, chosen: dict | None = None) -> dict:
+                 design: dict, chosen: dict | None = None, plateau_margin: float = PLATEAU_MARGIN) -> dict:
     "`report.json`, `report.md`, `verdicts.png`, `compare.png` (a budget: `equal_cost.png`) of finished runs"
-    rep = build_report(runs, design, chosen)
+    rep = build_report(runs, design, chosen, plateau_margin)
     payer = design.get("budget_of", design["baseline"])  # whose budget it was
-    curve = rep["curve"] or {}
     (out / "report.json").write_text(json.dumps(rep, indent=1))
-    u, arms, flagged = design["unit"], rep["arms"], {n for n, s in runs.items() if any(str(p) in rep["flags"]
-                                                                                        for p in s.values())}
+    arms, gpu = rep["arms"], rep["gpu_prediction"]
+    flagged = {n for n, s in runs.items() if any(str(p) in rep["flags"] for p in s.values())}
     lines = report_head(rep) + ["## Verdicts", ""] + verdict_table(arms, rep["contrasts"], rep["design"])
     lines += ["", "![verdicts](verdicts.png)"]
     if design.get("budget"):
@@ -466,18 +573,8 @@ def write_report(out: Path, runs: dict[str, dict[int, Path]], # arm -> seed -> r
                   f"spent {at}{who}'s total {name} for its seed (or its cap on steps): its final "
                   "accuracy is its accuracy at that cost.", "", "![equal cost](equal_cost.png)"]
     lines += ["", "## Every unit", "", "Totals over training (x the baseline's mean).", ""]
-    lines += units_table(arms, design["baseline"], flagged)
-    lines += ["", f"## Accuracy at fractions of the baseline's {UNIT_NAMES[u]}", "",
-              "Each run's accuracy at a fraction of its seed's baseline run's total, linear between its "
-              f"evaluations ({curve.get('kind') or 'none'}: the curve with more points; at least "
-              f"{curve.get('min_points', 0)} a run); a run that never spent that much: left out, "
-              "its seeds counted. Beside it, the difference from the baseline's final accuracy on the same "
-              "curve (points). Other units: `report.json`.", ""]
-    lines += fractions_table(arms, rep["contrasts"], rep["design"])
-    lines += ["", f"## {UNIT_NAMES[u]} to the baseline's final accuracy", "",
-              "Each run's cost until its accuracy curve (linear between full evaluations) first reached its "
-              "seed's baseline final accuracy less a tolerance, over the baseline's total (never: left out).", ""]
-    lines += target_table(arms, rep["design"]) + ["", "## Responses and steps", ""] + responses_table(arms)
+    lines += units_table(arms, design["baseline"], flagged, gpu) + gpu_note(gpu) + secondary_sections(rep)
+    lines += ["", "## Responses and steps", ""] + responses_table(arms)
     lines += ["", "![comparison](compare.png)", ""]
     (out / "report.md").write_text("\n".join(lines))
     lists = {n: list(s.values()) for n, s in runs.items()}

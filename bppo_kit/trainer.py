@@ -381,7 +381,7 @@ def rows_after(dist: Dist, run: RunDir, start: int) -> list[dict]:
 
 # %% ../nbs/24_trainer.ipynb #f3846691
 def run_cost(rows: list[dict], # metric rows, in step order
-             unit: str) -> float: # a field of every row: decode_steps, generated_tokens, wall_s
+             unit: str) -> float: # a field of every row (decode_steps, generated_tokens, …)
     ("The total of `unit` over `rows`, one addition a row as the loop adds them; a `ConfigError` if a row "
      "lacks it")
     total = 0.0

@@ -90,7 +90,7 @@ def test_compare_gives_every_variant_the_baselines_cost_of_its_seed(tmp_path):
     assert {p: p.read_text() for p in rows} == rows  # every run finished: none trained again
 
 def test_cli_budget_flag_errors_are_one_line():
-    for args, msg in [(["--budget", "tokens"], "--budget: must be one of decode_steps, generated_tokens, wall_s"),
+    for args, msg in [(["--budget", "tokens"], "--budget: must be one of decode_steps, generated_tokens"),
                       (["--max-steps", "9"], "--max-steps: caps the runs on a budget")]:
         r = subprocess.run(bppo_cmd() + ["compare", *args], capture_output=True, text=True, timeout=120, cwd=ROOT)
         assert r.returncode == 2 and msg in r.stderr and r.stderr.strip().count("\n") == 0, r.stderr

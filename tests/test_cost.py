@@ -138,3 +138,40 @@ def test_the_kit_samplers_bytes_are_counted_and_priced():
     with_draw, without = K.plan_seconds(kit, "H100")["decode_s"], K.plan_seconds(hf, "H100")["decode_s"]
     # memory-bound passes: the draw's bytes over the bandwidth, pass by pass
     assert abs((with_draw - without) / extra - 1) < 1e-6, (with_draw, without, extra)
+
+
+def _run(folder, steps: int = 4):
+    "A run folder of `steps` steps at the default config (the tiny policy: its tokens are characters)"
+    from bppo_kit.config import Config, save_config
+    folder.mkdir()
+    save_config(Config(), folder / "config.yaml")
+    row = dict(decode_rows={"128": [40, 128 * 40 * 120], "16": [60, 16 * 60 * 200]}, prefill_tokens=128 * 80,
+               update_tokens=128 * 300, logprob_tokens=0, generated_tokens=6000, requests=128)
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(row | dict(step=i)) + "\n" for i in range(steps)))
+    return folder
+
+
+def test_the_band_widens_with_the_overhead_range(tmp_path):
+    "Issue 55: a prediction's band over the cost model's assumptions; wider assumptions, a wider band"
+    run = _run(tmp_path / "r")
+    bands = {o: K.price_band(run, overheads=(0.0, o), model=M15, gpu="H100") for o in (1e-3, 2.5e-3, 5e-3)}
+    widths = [b["high"] - b["low"] for b in bands.values()]
+    assert widths == sorted(widths) and widths[0] < widths[-1], widths
+    for b in bands.values(): assert b["low"] <= b["default"] <= b["high"]
+    # in turn every second adds up: 5 ms on each of 4 x 100 passes and 0.1 s on each of 4 steps, exactly
+    assert bands[5e-3]["high"] == pytest.approx(bands[5e-3]["default"] + 400 * 5e-3 + 4 * K.SLEEP_WAKE_S, rel=1e-12)
+    full = K.price_band(run, model=M15, gpu="H100")
+    default = K.predict_run(run, M15, "H100")["summary"]["total_s"]
+    assert len(full["grid"]) == 8 and full["default"] == pytest.approx(default)
+    # a default that is no point of the grid (an overhead of 10 ms) may fall outside the band, and here it does
+    off = K.price_band(run, eff=K.Efficiency(pass_overhead_s=1e-2), model=M15, gpu="H100")
+    assert off["default"] > off["high"]
+
+
+def test_cost_json_holds_the_band_and_the_token_unit(tmp_path):
+    run = _run(tmp_path / "r")
+    out = K.write_cost(run, model=M15, gpu="H100", k=1)
+    saved = json.loads((run / "cost.json").read_text())
+    assert saved["band"] == out["band"] and saved["token_unit"] == "characters"
+    assert saved["band"]["default"] == pytest.approx(saved["summary"]["total_s"])
+    assert "overhead of 0, 1, 2.5 or 5 ms" in K.cost_lines({"r": out})[0]

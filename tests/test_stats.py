@@ -4,7 +4,8 @@ import math, statistics
 import numpy as np
 import pytest
 from scipy import stats as sps
-from bppo_kit.stats import contrast_table, eval_noise, holm, mde, paired, power, summarize, t_interval, tost, verdict
+from bppo_kit.stats import (contrast_table, eval_noise, holm, mde, paired, plateau, plateau_over_seeds, power,
+                             summarize, t_interval, tost, verdict)
 
 sm_multi = pytest.importorskip("statsmodels.stats.multitest")
 sm_weight = pytest.importorskip("statsmodels.stats.weightstats")
@@ -39,6 +40,25 @@ def test_paired_test_is_scipys():
 def test_holm_is_statsmodels(ps):
     want = sm_multi.multipletests(ps, alpha=0.05, method="holm")[1]
     assert holm(ps) == pytest.approx(list(want), abs=1e-9)
+
+
+def test_holm_on_tost_p_values_is_statsmodels():
+    "Issue 55: the equivalence tests are a family too; Holm over TOST p-values (hand-made diffs) is statsmodels'"
+    diffs = [[0.1, -0.2, 0.3, 0.0], [0.5, -1.5, 1.0], [1.2, -0.6, -0.4], [0.2, 0.25, 0.15, 0.3, 0.1]]
+    ps = [tost(d, 2.0) for d in diffs] + [0.012, 0.3]
+    want = sm_multi.multipletests(ps, alpha=0.05, method="holm")[1]
+    assert holm(ps) == pytest.approx(list(want), abs=1e-12)
+    base = {s: 70.0 + 2 * s for s in range(4)}
+    diffs = dict(a=[0.3, -0.2, 0.1, 0.4], b=[0.5, -0.3, 0.2, 0.6], c=[0.2, 0.9, -0.5, 0.4], d=[1.5, -1.0, 2.0, 0.5])
+    arms = {"base": base} | {n: {s: base[s] + x for s, x in enumerate(d)} for n, d in diffs.items()}
+    t = contrast_table(arms, "base", margin=1.0)
+    raw = [c["p_tost"] for c in t.values()]
+    want = sm_multi.multipletests(raw, alpha=0.05, method="holm")[1]
+    assert [c["p_tost_holm"] for c in t.values()] == pytest.approx(list(want), abs=1e-12)
+    # the verdict reads the adjusted p: an arm equivalent on its own p alone is not, after Holm
+    assert {n: c["verdict"] for n, c in t.items()} == dict(a="equivalent", b="inconclusive", c="inconclusive",
+                                                            d="inconclusive")
+    assert all(t[n]["p_tost"] < 0.05 <= t[n]["p_tost_holm"] for n in "bc")  # equivalent on their own p alone
 
 
 @pytest.mark.parametrize("margin", [0.5, 2.0, 5.0])
@@ -104,3 +124,37 @@ def test_a_missing_seed_makes_it_inconclusive():
     arms = {"base": {0: .90, 1: .95, 2: .92}, "arm": {0: .50, 1: .60}}
     c = contrast_table(arms, "base")["arm"]
     assert c["p"] < 0.05 and c["missing"] == [2] and c["verdict"] == "inconclusive"
+
+
+STEPS = (0.0, 100.0, 200.0, 300.0, 400.0)
+
+
+def test_plateau_of_one_run():
+    "The gain over the last quarter of a run's cost: final accuracy less the accuracy at 3/4 of it, interpolated"
+    rising = [(x, 0.5 + x / 1000) for x in STEPS]
+    r = plateau(rising, margin=0.01)
+    assert r["at"] == 300.0 and r["gain"] == pytest.approx(0.1) and not r["plateaued"]
+    flat = plateau(list(zip(STEPS, (0.5, 0.7, 0.71, 0.71, 0.71))), margin=0.01)
+    assert flat["gain"] == pytest.approx(0.0) and flat["plateaued"]
+    # between evaluations: 3/4 of 130 is 97.5, 7.5 of the 40 from 90 (0.6) to 130 (0.75)
+    assert plateau([(0.0, 0.5), (90.0, 0.6), (130.0, 0.75)], 0.01)["before"] == pytest.approx(0.6 + 0.15 * 7.5 / 40)
+    assert plateau(rising, margin=0.2)["plateaued"]  # a gain of 10 points is below a margin of 20
+    with pytest.raises(ValueError, match="share"): plateau(rising, 0.01, share=1.0)
+
+
+def test_plateau_over_seeds_on_synthetic_curves():
+    "Flat curves plateau, rising ones rise, and 2 seeds that disagree (-1 and +3 points) cannot tell"
+    rng = np.random.default_rng(0)
+    flat = [[(x, min(0.7, 0.5 + x / 500) + rng.normal(0, 0.002)) for x in STEPS] for _ in range(5)]
+    ramps = [[(x, 0.5 + k * x / 1000 + rng.normal(0, 0.005)) for x in STEPS] for k in (0.8, 1.0, 1.2)]
+    noisy = [[(x, min(0.7, 0.5 + x / 500)) for x in STEPS[:-1]] + [(400.0, 0.7 + e)] for e in (-0.01, 0.03)]
+    got = {k: plateau_over_seeds(c, margin=0.01) for k, c in dict(flat=flat, rising=ramps, noisy=noisy).items()}
+    assert {k: g["verdict"] for k, g in got.items()} == dict(flat="plateaued", rising="rising", noisy="unclear")
+    assert got["noisy"]["n"] == 2 and got["noisy"]["mean"] == pytest.approx(0.01)
+    lo, hi = got["noisy"]["ci95"]
+    assert lo < 0.01 < hi and got["flat"]["ci95"][1] < 0.01 < got["rising"]["ci95"][0]
+    assert plateau_over_seeds(ramps[:1], 0.01)["verdict"] == "unclear"  # one seed: no interval
+    # the rule is the interval, not the mean: the same mean gain with a tighter spread decides
+    tight = [[(x, min(0.7, 0.5 + x / 500)) for x in STEPS[:-1]] + [(400.0, 0.7 + e)] for e in (0.009, 0.011) * 3]
+    assert plateau_over_seeds(tight, 0.02)["verdict"] == "plateaued" and plateau_over_seeds(tight, 0.0)["verdict"] == \
+        "rising"

