@@ -151,6 +151,8 @@ def _arms(args) -> list[str]:
     "`--algos` as a list of arms (none given: GRPO in both forms and BPPO)"
     return [a.strip() for a in (args.algos or "grpo_seq,grpo,bppo").split(",") if a.strip()]
 
+
+# %% ../nbs/27_cli.ipynb #bc21d987
 def cmd_compare(args, cfg: Config) -> int:
     "`compare` of `--algos` over `--seeds` (with `--budget`: at the baseline's cost); prints `report.md`"
     from bppo_kit.compare import BUDGET_UNITS, compare, parse_seeds, report_folder
@@ -163,6 +165,9 @@ def cmd_compare(args, cfg: Config) -> int:
         raise ConfigError(f"--budget: must be one of {', '.join(BUDGET_UNITS)}; got {args.budget!r}")
     if args.max_steps is not None and args.budget is None:
         raise ConfigError("--max-steps: caps the runs on a budget; give --budget UNIT too")
+    if args.budget == "wall_s":  # allowed (the older designs used it), never silently
+        print("bppo compare: note: wall_s is this machine's cost; a verdict in it does not travel "
+              "(decode_steps, generated_tokens or trained_tokens do)", file=sys.stderr)
     if args.max_steps is not None and args.max_steps < 1: raise ConfigError("--max-steps: must be >= 1")
     fraction = getattr(args, "budget_fraction", None)
     if fraction is not None and (args.budget is None or not 0 < fraction <= 10):
@@ -171,15 +176,18 @@ def cmd_compare(args, cfg: Config) -> int:
     if args.chosen_in and not args.confirm and not getattr(args, "tuned", None):
         raise ConfigError("--chosen-in: names a confirming design's sources; give --confirm too")
     command = "bppo " + shlex.join(getattr(args, "argv", None) or sys.argv[1:])
-    arms, confirm, sources = _arms(args), args.confirm, list(args.chosen_in or ())
+    arms, confirm, sources, extra = _arms(args), args.confirm, list(args.chosen_in or ()), None
     if tuned := getattr(args, "tuned", None):  # the arms at their chosen settings, on fresh seeds
-        from bppo_kit.tune import tuned_arms
-        arms, confirm, sources = tuned_arms(tuned, arms if args.algos else None), True, [*sources, tuned]
+        from bppo_kit.tune import plateau_gate, tuned_arms
+        chosen = tuned_arms(tuned, arms if args.algos else None)  # tuned arm -> it at its chosen settings
+        p = plateau_gate(tuned, next(iter(chosen)), getattr(args, "allow_rising", False))  # the baseline's
+        arms, confirm, sources = list(chosen.values()), True, [*sources, tuned]
+        extra = dict(tuned=str(tuned), tuned_plateau=p)
     compare(cfg, arms, parse_seeds(args.seeds),
             args.out, progress=not args.quiet, tolerance=args.tolerance / 100, budget=args.budget,
             max_steps=args.max_steps, budget_fraction=fraction or 1.0, unit=args.unit,
             margin=args.margin / 100, confirm=confirm,
-            chosen_in=tuple(sources), interleave=args.interleave, command=command)
+            chosen_in=tuple(sources), interleave=args.interleave, command=command, extra=extra)
     print((Path(args.out) / "report.md").read_text())
     return 0
 
@@ -316,10 +324,13 @@ def _compare_args(sub):
 def _design_args(cp):
     "`bppo compare`'s arguments of the design: verdicts' unit and margin, confirmation, order, report only"
     cp.add_argument("--unit", help="the verdicts' unit of cost: wall_s, row_steps, decode_steps, "
-                    "generated_tokens or trained_tokens (default: the budget's, else wall_s)")
+                    "generated_tokens or trained_tokens (default: the budget's, else decode_steps, or "
+                    "generated_tokens where the engine counts no decoding passes)")
     cp.add_argument("--margin", type=float, default=2.0, help="equivalence margin of accuracies, in points")
     cp.add_argument("--tuned", metavar="DIR", help="a tuning folder (bppo tune): each arm at its chosen "
                     "settings, a confirming design on seeds the tuning did not use")
+    cp.add_argument("--allow-rising", action="store_true",
+                    help="with --tuned: confirm even if the baseline was still rising at the end of its tuning")
     cp.add_argument("--confirm", action="store_true",
                     help="a confirming design: refuse seeds a choosing design in --out (or --chosen-in) used")
     cp.add_argument("--chosen-in", action="append", metavar="FOLDER",

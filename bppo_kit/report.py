@@ -17,8 +17,8 @@ __all__ = ['LOAD_MARGIN', 'COST_UNITS', 'FRACTIONS', 'TOLERANCES', 'DESCRIBED', 
            'metric_rows', 'accuracy_curve', 'interpolate', 'subset_curve', 'crossing', 'against_baseline',
            'run_summary', 'runs_of', 'cost_to_target', 'is_accuracy', 'metric_values', 'arms_and_contrasts',
            'gpu_prediction', 'verdict_table', 'units_table', 'gpu_note', 'fractions_table', 'target_table',
-           'responses_table', 'secondary_sections', 'baseline_plateau', 'plateau_line', 'report_head', 'compare_figure',
-           'equal_cost_figure', 'build_report', 'verdict_figure', 'write_report']
+           'responses_table', 'secondary_sections', 'baseline_plateau', 'plateau_line', 'tuned_line', 'report_head',
+           'compare_figure', 'equal_cost_figure', 'build_report', 'verdict_figure', 'write_report']
 
 # %% ../nbs/25c_report.ipynb #44b602f9
 LOAD_MARGIN = 0.5  # a load above the cores by more than this flags the run's wall times
@@ -390,6 +390,16 @@ def plateau_line(p: dict | None) -> list[str]: # `baseline_plateau`
     if p["points"] < 3: line += " Its curves have 2 evaluations: the gain is a straight line's."
     return [line, ""]
 
+# %% ../nbs/25c_report.ipynb #8ebed963
+def tuned_line(d: dict) -> list[str]:
+    "Markdown lines: a design at the settings `bppo tune` chose, and its baseline's plateau there"
+    if not d.get("tuned"): return []
+    p = d.get("tuned_plateau")
+    said = (f"{100 * p['mean']:+.1f} points over the last quarter of its steps on the val set: **{p['verdict']}**"
+            if p else "— (too few evaluations to say)")
+    return [f"Every arm at the settings `bppo tune` chose in {d['tuned']}, on seeds it did not use. The "
+            f"baseline's chosen trial there gained {said}.", ""]
+
 # %% ../nbs/25c_report.ipynb #de6bb3c9
 def report_head(rep: dict) -> list[str]:
     "Markdown lines: the design, the convention (once), the plateau, warnings, what it detects, eval noise"
@@ -404,6 +414,7 @@ def report_head(rep: dict) -> list[str]:
              "Only the first verdict, final accuracy at the design's budget, is the primary endpoint; the "
              "others are secondary.", ""]
     lines += plateau_line(rep.get("plateau"))
+    lines += tuned_line(d)
     if d["kind"] == "choosing":
         lines += ["A choosing design: its arms were tried on these seeds; a variant picked from it must be "
                   "confirmed on fresh seeds (`--confirm`).", ""]

@@ -15,7 +15,7 @@ from .stats import plateau_over_seeds
 
 # %% auto #0
 __all__ = ['CHEAPER_STEP', 'Space', 'default_space', 'arm_algo', 'suggest', 'trial_score', 'run_trial', 'tune', 'study_rows',
-           'chosen', 'plateau_of', 'tuning_table', 'tuning_figure', 'write_tuning', 'tuned_arms']
+           'chosen', 'plateau_of', 'tuning_table', 'tuning_figure', 'write_tuning', 'tuned_arms', 'plateau_gate']
 
 # %% ../nbs/26b_tune.ipynb #32b2ae3f
 # algorithms whose step trains a subset of its completions: their prompts per step is searched too
@@ -114,7 +114,7 @@ def tune(base: Config, # the shared config (steps, eval size, …); evaluated on
     space = space or default_space(base)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = JournalStorage(JournalFileBackend(str(out / "optuna.log")))
-    # one sampler an arm, all seeded alike: the arms' first (random) trials draw the same learning rates and clips
+    # one sampler an arm, all seeded alike (an arm's draws do not depend on the others')
     tpe = lambda: optuna.samplers.TPESampler(seed=sampler_seed)  # noqa: E731
     studies = {a: optuna.create_study(study_name=a, storage=storage, direction="maximize", sampler=tpe(),
                                       load_if_exists=True) for a in arms}  # resumable
@@ -163,16 +163,21 @@ def tuning_table(arms: dict) -> list[str]:
     return lines
 
 # %% ../nbs/26b_tune.ipynb #6cfecc31
-def tuning_figure(arms: dict):
-    "Mean validation accuracy against learning rate, one panel per arm, the chosen trial circled"
+def tuning_figure(arms: dict, lr: tuple | None = None): # lr: the space's range, the x axis of every panel
+    "Mean validation accuracy against learning rate, a panel an arm, a colour a prompts multiple, the chosen circled"
     import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, len(arms), figsize=(4 * len(arms), 3.2), squeeze=False, sharey=True)
+    from matplotlib.ticker import NullFormatter
+    fig, axes = plt.subplots(1, len(arms), figsize=(4 * len(arms), 3.2), squeeze=False, sharex=True, sharey=True)
     for ax, (name, a) in zip(axes[0], arms.items()):
-        xs, ys = [r["lr"] for r in a["rows"]], [100 * r["score"] for r in a["rows"]]
-        ax.scatter(xs, ys, c=[r.get("prompts", 1) for r in a["rows"]], cmap="viridis", vmin=1, vmax=4)
+        for k in sorted({r.get("prompts", 1) for r in a["rows"]}):
+            rows = [r for r in a["rows"] if r.get("prompts", 1) == k]
+            ax.scatter([r["lr"] for r in rows], [100 * r["score"] for r in rows], label=f"{k}x prompts a step")
         best = a["chosen"]
         ax.scatter([best["lr"]], [100 * best["score"]], s=160, facecolors="none", edgecolors="red")
         ax.set(xscale="log", title=name, xlabel="learning rate")
+        ax.xaxis.set_minor_formatter(NullFormatter())  # decades only: the minor labels collide
+        ax.legend(fontsize=7)
+    if lr: axes[0][0].set_xlim(lr[0] / 1.3, lr[1] * 1.3)
     axes[0][0].set_ylabel("val accuracy, % (mean over seeds)")
     fig.tight_layout()
     return fig
@@ -194,15 +199,26 @@ def write_tuning(out: Path, studies: dict, meta: dict) -> dict:
             for n, a in tuned["arms"].items()]
     (out / "trials.md").write_text("\n".join([f"# Tuning: {meta.get('command') or ''}", "",
                                               *tuning_table(arms), "", *said, "", "![tuning](tune.png)", ""]))
-    tuning_figure(arms).savefig(out / "tune.png", dpi=110)
+    tuning_figure(arms, meta.get("space", {}).get("lr")).savefig(out / "tune.png", dpi=110)
     return tuned
 
 # %% ../nbs/26b_tune.ipynb #cfa1b945
-def tuned_arms(folder, arms: list[str] | None = None) -> list[str]:
-    "The arms of tuning folder `folder` at their chosen settings (`arms`: a subset, in that order; None: all)"
+def tuned_arms(folder, arms: list[str] | None = None) -> dict[str, str]:
+    "Each tuned arm of `folder` -> it at its chosen settings (`arms`: a subset, in that order; None: all)"
     path = Path(folder) / "tuned.json"
     if not path.exists(): raise ConfigError(f"--tuned: no tuned.json in {folder}: run bppo tune there first")
     chosen_ = json.loads(path.read_text())["arms"]
     if missing := [a for a in arms or [] if a not in chosen_]:
         raise ConfigError(f"--tuned: {missing[0]!r} was not tuned in {folder} (tuned: {', '.join(chosen_)})")
-    return [chosen_[a]["arm"] for a in arms or chosen_]
+    return {a: chosen_[a]["arm"] for a in arms or chosen_}
+
+# %% ../nbs/26b_tune.ipynb #aa0f3eea
+def plateau_gate(folder, baseline: str, allow_rising: bool = False) -> dict | None:
+    ("The tuned `baseline`'s plateau in tuning folder `folder`; a `ConfigError` when it was still rising "
+     "(unless `allow_rising`)")
+    p = json.loads((Path(folder) / "tuned.json").read_text())["arms"][baseline].get("plateau")
+    if p and p["verdict"] == "rising" and not allow_rising:
+        raise ConfigError(f"--tuned: the baseline {baseline} was still rising over the last quarter of its "
+                          f"tuning runs ({100 * p['mean']:+.1f} points on the val set, margin "
+                          f"{100 * p['margin']:g}): tune with more --steps, or give --allow-rising")
+    return p
