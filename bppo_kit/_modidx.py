@@ -96,7 +96,6 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                   'bppo_kit.compare.report_folder': ('compare.html#report_folder', 'bppo_kit/compare.py'),
                                   'bppo_kit.compare.run_name': ('compare.html#run_name', 'bppo_kit/compare.py'),
                                   'bppo_kit.compare.run_status': ('compare.html#run_status', 'bppo_kit/compare.py'),
-                                  'bppo_kit.compare.travelling_unit': ('compare.html#travelling_unit', 'bppo_kit/compare.py'),
                                   'bppo_kit.compare.variant_config': ('compare.html#variant_config', 'bppo_kit/compare.py')},
             'bppo_kit.config': { 'bppo_kit.config.AlgoConfig': ('config.html#algoconfig', 'bppo_kit/config.py'),
                                  'bppo_kit.config.Config': ('config.html#config', 'bppo_kit/config.py'),

@@ -324,8 +324,7 @@ def _compare_args(sub):
 def _design_args(cp):
     "`bppo compare`'s arguments of the design: verdicts' unit and margin, confirmation, order, report only"
     cp.add_argument("--unit", help="the verdicts' unit of cost: wall_s, row_steps, decode_steps, "
-                    "generated_tokens or trained_tokens (default: the budget's, else decode_steps, or "
-                    "generated_tokens where the engine counts no decoding passes)")
+                    "generated_tokens or trained_tokens (default: the budget's, else generated_tokens)")
     cp.add_argument("--margin", type=float, default=2.0, help="equivalence margin of accuracies, in points")
     cp.add_argument("--tuned", metavar="DIR", help="a tuning folder (bppo tune): each arm at its chosen "
                     "settings, a confirming design on seeds the tuning did not use")

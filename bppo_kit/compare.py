@@ -17,9 +17,10 @@ from .report import COST_UNITS, TOLERANCES, _cell, _key, _seen, write_report
 
 
 # %% auto #0
-__all__ = ['VARIANTS', 'BUDGET_UNITS', 'parse_arm', 'run_name', 'variant_config', 'budget_config', 'parse_seeds', 'config_hash',
-           'check_run_folder', 'record_session', 'read_designs', 'record_design', 'chosen_on', 'check_sources',
-           'check_fresh', 'run_status', 'travelling_unit', 'compare', 'report_folder', 'price_folder', 'gpu_lines']
+__all__ = ['VARIANTS', 'BUDGET_UNITS', 'TRAVELLING_UNIT', 'parse_arm', 'run_name', 'variant_config', 'budget_config',
+           'parse_seeds', 'config_hash', 'check_run_folder', 'record_session', 'read_designs', 'record_design',
+           'chosen_on', 'check_sources', 'check_fresh', 'run_status', 'compare', 'report_folder', 'price_folder',
+           'gpu_lines']
 
 # %% ../nbs/26_compare.ipynb #44ed44a1
 # the progress budget, sooner and tighter: from 10% of training, 1.1x the recent correct lengths' 90th percentile
@@ -255,10 +256,9 @@ def run_status(run: Path, cfg: Config) -> str:
     return "resume" if (run / "checkpoint" / "trainer_state.pt").exists() else "fresh"
 
 # %% ../nbs/26_compare.ipynb #7cfcbc4f
-def travelling_unit(c: Config) -> str:
-    ("The default unit of a design's verdicts: one that travels between machines (decoding passes where the "
-     "engine counts them, else generated tokens), never this machine's wall time")
-    return "decode_steps" if c.rollout.engine == "kit" else "generated_tokens"
+# the default unit of a design's verdicts: one every engine counts and that travels between machines, never
+# this machine's wall time
+TRAVELLING_UNIT = "generated_tokens"
 
 # %% ../nbs/26_compare.ipynb #786a8169
 def _check_args(budget: str | None, max_steps: int | None, unit: str | None, margin: float,
@@ -303,7 +303,7 @@ def compare(base: Config, # the shared config (steps, eval size, …)
             budget: str | None = None, # of `BUDGET_UNITS`: the others run on the baseline's total of it
             max_steps: int | None = None, # with a budget, the others' cap (default: 10x the baseline's steps)
             budget_fraction: float = 1.0, # with a budget, the others' share of the baseline's total
-            unit: str | None = None, # the verdicts' unit, of `COST_UNITS` (default: the budget's, else travelling)
+            unit: str | None = None, # the verdicts' unit, of `COST_UNITS` (default: the budget's, else tokens)
             margin: float = 0.02, # the equivalence margin of accuracies
             confirm: bool = False, # a confirming design: seeds no choosing design used
             chosen_in: tuple = (), # other folders whose choosing designs' seeds are not fresh
@@ -322,7 +322,7 @@ def compare(base: Config, # the shared config (steps, eval size, …)
     design = dict(command=command, baseline=variants[0], variants=list(variants), seeds=list(seeds),
                   kind="confirming" if confirm else "choosing", interleaved=interleave, budget=budget,
                   budget_fraction=budget_fraction if budget else None,
-                  unit=unit or budget or travelling_unit(base), margin=margin, tolerance=tolerance,
+                  unit=unit or budget or TRAVELLING_UNIT, margin=margin, tolerance=tolerance,
                   chosen_in=[str(f) for f in folders[1:]], config_hash=config_hash(base)) | (extra or {})
     record_design(out, design)
     order = [(v, s) for s in seeds for v in variants] if interleave else list(cfgs)
