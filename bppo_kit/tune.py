@@ -8,7 +8,7 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from .config import Config, ConfigError, apply_overrides, from_dict, to_dict
-from .compare import (BUDGET_UNITS, VARIANTS, _train_one, config_hash, parse_arm, record_design,
+from .compare import (BUDGET_UNITS, _train_one, config_hash, parse_arm, record_design,
                               variant_config)
 from .runs import read_jsonl_rows
 from .stats import plateau_over_seeds
@@ -34,10 +34,8 @@ def default_space(base: Config) -> Space:
 
 # %% ../nbs/26b_tune.ipynb #38185469
 def arm_algo(base: Config, arm: str) -> str:
-    "The algorithm an arm runs"
-    kind, _, settings = parse_arm(arm)
-    c = apply_overrides(from_dict(to_dict(base)), VARIANTS[kind])
-    return apply_overrides(c, [s for s in settings if "=" in s]).algo.name
+    "The algorithm an arm runs: its run's config's (`variant_config`, its settings and YAML files applied)"
+    return variant_config(base, arm, 0, Path()).algo.name
 
 def suggest(trial, space: Space, base: Config, arm: str) -> list[str]:
     "One trial's settings of `arm`, drawn by an Optuna `trial` from `space`, as `key=value` overrides"
