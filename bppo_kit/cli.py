@@ -167,7 +167,7 @@ def cmd_compare(args, cfg: Config) -> int:
         raise ConfigError("--max-steps: caps the runs on a budget; give --budget UNIT too")
     if args.budget == "wall_s":  # allowed (the older designs used it), never silently
         print("bppo compare: note: wall_s is this machine's cost; a verdict in it does not travel "
-              "(decode_steps, generated_tokens or trained_tokens do)", file=sys.stderr)
+              "(decode_steps, generated_tokens, trained_tokens or gpu_s do)", file=sys.stderr)
     if args.max_steps is not None and args.max_steps < 1: raise ConfigError("--max-steps: must be >= 1")
     fraction = getattr(args, "budget_fraction", None)
     if fraction is not None and (args.budget is None or not 0 < fraction <= 10):
@@ -187,7 +187,8 @@ def cmd_compare(args, cfg: Config) -> int:
             args.out, progress=not args.quiet, tolerance=args.tolerance / 100, budget=args.budget,
             max_steps=args.max_steps, budget_fraction=fraction or 1.0, unit=args.unit,
             margin=args.margin / 100, confirm=confirm,
-            chosen_in=tuple(sources), interleave=args.interleave, command=command, extra=extra)
+            chosen_in=tuple(sources), interleave=args.interleave, command=command, extra=extra,
+            length_goal=getattr(args, "length_goal", None))
     print((Path(args.out) / "report.md").read_text())
     return 0
 
@@ -310,7 +311,8 @@ def _compare_args(sub):
     cp.add_argument("--budget", metavar="UNIT", help="equal cost: the baseline (first of --algos) runs its --steps; "
                     "then each other variant runs until it has spent as much UNIT as the baseline on the "
                     "same seed: decode_steps (decoding passes, a GPU's cost), generated_tokens, "
-                    "trained_tokens or wall_s (one machine's cost)")
+                    "trained_tokens, gpu_s (each step's predicted GPU seconds for train.price_model on one "
+                    "train.price_gpu) or wall_s (one machine's cost)")
     cp.add_argument("--max-steps", type=int,
                     help="with --budget: the most steps another variant may take (default: 10x the baseline's)")
     cp.add_argument("--budget-fraction", type=float, metavar="F",
@@ -324,8 +326,11 @@ def _compare_args(sub):
 def _design_args(cp):
     "`bppo compare`'s arguments of the design: verdicts' unit and margin, confirmation, order, report only"
     cp.add_argument("--unit", help="the verdicts' unit of cost: wall_s, row_steps, decode_steps, "
-                    "generated_tokens or trained_tokens (default: the budget's, else generated_tokens)")
+                    "generated_tokens, trained_tokens or gpu_s (default: the budget's, else "
+                    "generated_tokens)")
     cp.add_argument("--margin", type=float, default=2.0, help="equivalence margin of accuracies, in points")
+    cp.add_argument("--length-goal", choices=["shorter", "longer"], help="the response length you want: its "
+                    "verdicts then say better or worse (default: none, they say shorter or longer)")
     cp.add_argument("--tuned", metavar="DIR", help="a tuning folder (bppo tune): each arm at its chosen "
                     "settings, a confirming design on seeds the tuning did not use")
     cp.add_argument("--allow-rising", action="store_true",
@@ -354,7 +359,7 @@ def _tune_args(sub):
     tp.add_argument("--out", default="runs/tune", help="the tuning folder")
     tp.add_argument("--budget", metavar="UNIT", help="equal cost: every trial runs until it has spent "
                     "what the first arm at the shared settings spent on the same seed (decode_steps, "
-                    "generated_tokens, trained_tokens)")
+                    "generated_tokens, trained_tokens, gpu_s)")
     tp.add_argument("--max-steps", type=int, help="with --budget: the most steps a trial may take")
     tp.add_argument("--sampler-seed", type=int, default=0, help="seeds Optuna's sampler")
 

@@ -13,14 +13,14 @@ from .grpo import TRL_DEFAULTS
 from .runs import read_jsonl_rows
 from .trainer import end_of_run, run_cost
 from .api import RLTrainer
-from .report import COST_UNITS, TOLERANCES, _cell, _key, _seen, write_report
+from .report import COST_UNITS, LENGTH_GOALS, TOLERANCES, _key, _predicted, _seen, write_report
 
 
 # %% auto #0
 __all__ = ['VARIANTS', 'BUDGET_UNITS', 'TRAVELLING_UNIT', 'parse_arm', 'run_name', 'variant_config', 'budget_config',
-           'parse_seeds', 'config_hash', 'check_run_folder', 'record_session', 'read_designs', 'record_design',
-           'chosen_on', 'check_sources', 'check_fresh', 'run_status', 'compare', 'report_folder', 'price_folder',
-           'gpu_lines']
+           'priced_config', 'parse_seeds', 'config_hash', 'check_run_folder', 'record_session', 'read_designs',
+           'record_design', 'chosen_on', 'check_sources', 'check_fresh', 'run_status', 'compare', 'report_folder',
+           'price_folder', 'gpu_lines']
 
 # %% ../nbs/26_compare.ipynb #44ed44a1
 # the progress budget, sooner and tighter: from 10% of training, 1.1x the recent correct lengths' 90th percentile
@@ -145,6 +145,11 @@ def budget_config(c: Config, unit: str, # a name in `BUDGET_UNITS`
     return apply_overrides(from_dict(to_dict(c)), [f"train.budget={total!r}", f"train.budget_unit={unit}",
                                                    f"train.steps={cap}"])
 
+def priced_config(c: Config, unit: str | None) -> Config: # the design's budget unit
+    ("`c` whose rows carry their predicted GPU seconds when the budget is in them "
+     "(`train.budget_unit=gpu_s`, no budget): the baseline's total to pay")
+    return apply_overrides(from_dict(to_dict(c)), ["train.budget_unit=gpu_s"]) if unit == "gpu_s" else c
+
 # %% ../nbs/26_compare.ipynb #a7e9a3b2
 def parse_seeds(spec: str | int) -> list[int]:
     "`3`: seeds 0, 1, 2 (the first N); `100-119`: that range; `3,7,9` or `1-3,7`: exactly those, in order"
@@ -262,7 +267,7 @@ TRAVELLING_UNIT = "generated_tokens"
 
 # %% ../nbs/26_compare.ipynb #786a8169
 def _check_args(budget: str | None, max_steps: int | None, unit: str | None, margin: float,
-                fraction: float = 1.0) -> None:
+                fraction: float = 1.0, length_goal: str | None = None) -> None:
     "One line per argument `compare` cannot take"
     if budget is not None and budget not in BUDGET_UNITS:
         raise ConfigError(f"budget: must be one of {', '.join(BUDGET_UNITS)}; got {budget!r}")
@@ -275,6 +280,8 @@ def _check_args(budget: str | None, max_steps: int | None, unit: str | None, mar
     if unit is not None and unit not in COST_UNITS:
         raise ConfigError(f"unit: must be one of {', '.join(COST_UNITS)}; got {unit!r}")
     if not 0 < margin < 1: raise ConfigError(f"margin: an accuracy difference in (0, 1); got {margin}")
+    if length_goal not in (None, *LENGTH_GOALS):
+        raise ConfigError(f"length_goal: one of {', '.join(LENGTH_GOALS)}, or none; got {length_goal!r}")
 
 def _train_one(c: Config, first: Config, name: str, budget: str | None, max_steps: int | None, meta: dict,
                progress: bool, fraction: float = 1.0) -> None:
@@ -308,10 +315,11 @@ def compare(base: Config, # the shared config (steps, eval size, …)
             confirm: bool = False, # a confirming design: seeds no choosing design used
             chosen_in: tuple = (), # other folders whose choosing designs' seeds are not fresh
             interleave: bool = False, command: str | None = None, # seed by seed; the command
+            length_goal: str | None = None, # the response length wanted, of `LENGTH_GOALS` (None: none)
             extra: dict | None = None) -> dict: # more of the design to record (a tuned one: its tuning)
     "Train every variant for every seed (with a `budget`: the others at the baseline's cost), then report"
-    _check_args(budget, max_steps, unit, margin, budget_fraction)
-    out = Path(out)
+    _check_args(budget, max_steps, unit, margin, budget_fraction, length_goal)
+    base, out = priced_config(base, budget), Path(out)
     out.mkdir(parents=True, exist_ok=True)
     folders = [out, *(Path(f).resolve() for f in chosen_in)]
     check_sources(folders[1:])
@@ -323,7 +331,9 @@ def compare(base: Config, # the shared config (steps, eval size, …)
                   kind="confirming" if confirm else "choosing", interleaved=interleave, budget=budget,
                   budget_fraction=budget_fraction if budget else None,
                   unit=unit or budget or TRAVELLING_UNIT, margin=margin, tolerance=tolerance,
-                  chosen_in=[str(f) for f in folders[1:]], config_hash=config_hash(base)) | (extra or {})
+                  chosen_in=[str(f) for f in folders[1:]], config_hash=config_hash(base),
+                  **({"length_goal": length_goal} if length_goal else {})) | (extra or {})
+    if budget == "gpu_s": design["price"] = dict(model=base.train.price_model, gpu=base.train.price_gpu)
     record_design(out, design)
     order = [(v, s) for s in seeds for v in variants] if interleave else list(cfgs)
     for v, s in order:
@@ -376,16 +386,22 @@ def price_folder(out, model: str, gpu: str, gpus: int = 1, k: int = 0, # k: asyn
     return preds, report_folder(out)
 
 def gpu_lines(rep: dict) -> list[str]:
-    "Markdown lines: each arm's predicted GPU seconds in all and to the baseline's final accuracy less 0/1/2 pt"
+    ("Markdown lines: each arm's predicted GPU seconds in all (a prediction: its ratio to the baseline's and "
+     "the band over the cost model's assumptions, no interval) and to the baseline's final accuracy less "
+     "0/1/2 pt")
     n, tols = len(rep["design"]["seeds"]), sorted(set(TOLERANCES) | {rep["design"]["tolerance"]})
-    base = rep["arms"][rep["design"]["baseline"]].get("total_gpu_s")
+    baseline, bands = rep["design"]["baseline"], (rep.get("gpu_prediction") or {}).get("arms", {})
+    base = rep["arms"][baseline].get("total_gpu_s")
     head = " | ".join(f"to final − {_key(100 * t)} pt, GPU s" for t in tols)
-    lines = [f"| arm | GPU s (predicted) | {head} |", "|---" * (len(tols) + 2) + "|"]
+    lines = [f"| arm | GPU s (predicted; x baseline, band) | {head} |", "|---" * (len(tols) + 2) + "|"]
     for name, a in rep["arms"].items():
         # a fraction of the baseline's total: in seconds, at the baseline's mean total
         keys = [f"to_target_{_key(100 * t)}pt_gpu_s" for t in tols]
         to = [(a.get(k), k) for k in keys]
         cells = [f"{s['mean'] * base['mean']:.3g} ({s['mean']:.2f}x)" + _seen(rep["arms"], name, k, n)
                  if s and base else "never" for s, k in to]
-        lines.append(f"| {name} | {_cell(a.get('total_gpu_s'))} | " + " | ".join(cells) + " |")
+        s = a.get("total_gpu_s")
+        mine = s and base and base["mean"] and name != baseline
+        ratio = f" ({s['mean'] / base['mean']:.2f}x)" if mine else ""
+        lines.append(f"| {name} | {_predicted(s, ratio, bands.get(name))} | " + " | ".join(cells) + " |")
     return lines

@@ -161,8 +161,11 @@ class TrainConfig:
     # stop when the run's total of `budget_unit` reaches `budget` (train.steps stays the cap); 0 = run train.steps.
     # `bppo compare --budget` gives every variant the baseline's cost this way
     budget: float = param(0.0, ge=0)
+    # gpu_s: each step's predicted GPU seconds (the cost lesson's roofline), `price_model` on one `price_gpu`
     budget_unit: str = param("decode_steps", choices=["decode_steps", "generated_tokens", "trained_tokens",
-                                                           "wall_s"])
+                                                           "gpu_s", "wall_s"])
+    price_model: str = "Qwen/Qwen2.5-1.5B-Instruct"  # with budget_unit=gpu_s: the model a step is priced for
+    price_gpu: str = param("H100", choices=["H100", "H200", "A100", "L4"])  # … and the GPU (`cost.GPUS`)
 
 # %% ../nbs/00_config.ipynb #cc941969
 @dataclass

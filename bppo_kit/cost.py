@@ -22,7 +22,8 @@ from .runs import read_jsonl_rows
 __all__ = ['GPUS', 'ASSUMED', 'SAMPLER_BYTES', 'PHASES', 'PASS_OVERHEADS', 'SLEEP_WAKE_S', 'GPU', 'gpu_of', 'Efficiency', 'shape',
            'decode_pass', 'decode_pass_seconds', 'op_bytes', 'sampler_bytes', 'prefill_seconds', 'update_seconds',
            'sync_seconds', 'coarse_passes', 'step_cost', 'scale_lengths', 'length_scale', 'pipeline', 'predict_run',
-           'assumption_grid', 'price_band', 'band_words', 'write_cost', 'config_step', 'plan_seconds', 'cost_lines']
+           'assumption_grid', 'price_band', 'band_words', 'write_cost', 'config_step', 'plan_seconds', 'step_seconds',
+           'check_price', 'cost_lines']
 
 # %% ../nbs/23b_cost.ipynb #04b98caa
 @dataclass(frozen=True)
@@ -288,6 +289,21 @@ def plan_seconds(cfg: Config, gpu, gpus: int = 1, eff: Efficiency = ASSUMED) -> 
     "Predicted seconds per step by phase (an upper bound, `config_step`) of `cfg`'s model on `gpus` x `gpu`"
     return step_cost(config_step(cfg), cfg.model.name_or_path, gpu, engine_caps(cfg).own_weights,
                      cfg.model.gradient_checkpointing, gpus, eff, sampler_bytes(cfg))
+
+# %% ../nbs/23b_cost.ipynb #47563819
+def step_seconds(cfg: Config, row: dict) -> float:
+    ("A metrics row's predicted GPU seconds in turn, for `cfg.train.price_model` on one "
+     "`cfg.train.price_gpu`: what `train.budget_unit=gpu_s` adds up")
+    s = step_cost(row, cfg.train.price_model, cfg.train.price_gpu, engine_caps(cfg).own_weights,
+                  cfg.model.gradient_checkpointing, 1, ASSUMED, sampler_bytes(cfg))
+    return sum(s[p] for p in PHASES)
+
+def check_price(cfg: Config) -> None:
+    "One line, before a run, when its budget is in predicted GPU seconds and `train.price_model` has no shape"
+    if cfg.train.budget_unit != "gpu_s": return
+    try: shape(cfg.train.price_model)
+    except ConfigError as e:
+        raise ConfigError("train.price_model: " + str(e).removeprefix("model.name_or_path: ")) from None
 
 # %% ../nbs/23b_cost.ipynb #4f3f6eef
 def _scaled(p: dict) -> str:

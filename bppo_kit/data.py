@@ -13,11 +13,12 @@ from .config import DataConfig, data_dir, shared_data_dir
 # %% auto #0
 __all__ = ['OPS', 'SYNTHETIC_EVAL_SEED', 'SYNTHETIC_EVAL_SIZE', 'TAIL_EVAL_SEED', 'SYNTHETIC_VAL_SEED', 'TAIL_VAL_SEED',
            'ARITH_OPS', 'ARITH_TEMPLATE', 'ARITH_SPLITS', 'ROLES', 'MATH_TEMPLATE', 'GSM8K_TEMPLATE', 'TASKS',
-           'Example', 'Problem', 'make_problem', 'synthetic_prompt', 'make_trace', 'style_of', 'synthetic_example',
-           'make_synthetic_eval', 'synthetic_stream', 'DataError', 'read_jsonl', 'write_jsonl', 'load_synthetic_eval',
-           'make_chain', 'tail_n_ops', 'make_tail_eval', 'tail_stream', 'synthetic_eval', 'synthetic_val', 'held_out',
-           'problem_stream', 'arith_split', 'arith_examples', 'check_messages', 'conversation', 'prompt_messages',
-           'prompt_text', 'last_boxed', 'row_to_example', 'task_rows', 'load_task']
+           'VAL_SHARE', 'Example', 'Problem', 'make_problem', 'synthetic_prompt', 'make_trace', 'style_of',
+           'synthetic_example', 'make_synthetic_eval', 'synthetic_stream', 'DataError', 'read_jsonl', 'write_jsonl',
+           'load_synthetic_eval', 'make_chain', 'tail_n_ops', 'make_tail_eval', 'tail_stream', 'synthetic_eval',
+           'synthetic_val', 'held_out', 'problem_stream', 'arith_split', 'arith_examples', 'check_messages',
+           'conversation', 'prompt_messages', 'prompt_text', 'last_boxed', 'row_to_example', 'task_rows', 'carves_val',
+           'in_carved_val', 'has_val', 'load_task']
 
 # %% ../nbs/01_data.ipynb #37bccd58
 @dataclass
@@ -414,9 +415,24 @@ def task_rows(task: str, split: str, path=None) -> tuple[str, list[dict]]:
     try: return name, _load_hub(name, split, hub[split])
     except DataError as e: raise DataError(f"data file not found: {file}; {e}") from None
 
+# %% ../nbs/01_data.ipynb #78d3d596
+VAL_SHARE = 20  # a carved val split: 1 train problem in 20 (GSM8K: about 370, MATH: about 375)
+
+def carves_val(task: str) -> bool:
+    "Whether `task`'s val split is carved from its train split: it has a train split, no val split of its own"
+    return task in TASKS and "train" in TASKS[task][0] and "val" not in TASKS[task][0]
+
+def in_carved_val(e: Example) -> bool:
+    "Whether train example `e` is in its task's carved val split: 1 in `VAL_SHARE`, by a hash of its prompt"
+    return zlib.crc32(e.prompt.encode()) % VAL_SHARE == 0
+
+def has_val(task: str) -> bool:
+    "Whether `task` has a val split to choose settings on: its own, generated, or carved from train"
+    return task in ("synthetic", "arith") or carves_val(task) or "val" in TASKS.get(task, ({},))[0]
+
 # %% ../nbs/01_data.ipynb #07ff0df1
 def load_task(task: str, # a key of `TASKS`, or "synthetic"
-              split: str = "train", # train | test (| val for geo3k)
+              split: str = "train", # train | test | val (geo3k's own; carved from train: `carves_val`)
               # a local JSONL file or a hub dataset name; None = the default local file, else the task's hub copy
               path=None,
               limit: int | None = None, # keep the first `limit` rows
@@ -433,10 +449,11 @@ def load_task(task: str, # a key of `TASKS`, or "synthetic"
         return ex[:limit] if limit else ex
     if task not in TASKS:
         raise DataError(f"unknown task {task!r}; choose from synthetic, arith, {', '.join(TASKS)}")
-    if path is None and split not in TASKS[task][0]:  # eval-only sets are never trained on by accident
+    carve = split == "val" and carves_val(task)  # from its train split (or `path`'s rows)
+    if path is None and split not in TASKS[task][0] and not carve:  # eval-only sets: never trained on
         raise DataError(f"{task} has no {split!r} split here (it has: {', '.join(TASKS[task][0])}); give a "
                         "file with data.path")
-    src, rows = task_rows(task, split, path)
+    src, rows = task_rows(task, "train" if carve else split, path)
     ex = []
     for i, r in enumerate(rows, 1):
         try: ex.append(row_to_example(r, task))
@@ -445,4 +462,5 @@ def load_task(task: str, # a key of `TASKS`, or "synthetic"
     kept = [e for e in ex if e.answer.strip()]
     if len(kept) < len(ex):
         warnings.warn(f"{task}: dropped {len(ex) - len(kept)} rows with an empty answer", stacklevel=2)
+    if carve: kept = [e for e in kept if in_carved_val(e)]
     return kept[:limit] if limit else kept

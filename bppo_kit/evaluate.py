@@ -7,7 +7,8 @@ from __future__ import annotations
 import math, time
 from statistics import NormalDist, mean, stdev
 from .config import Config, DataConfig
-from .data import DataError, Example, load_task, style_of, synthetic_eval, synthetic_val
+from .data import (TASKS, DataError, Example, carves_val, has_val, load_task, style_of, synthetic_eval,
+                           synthetic_val)
 from .policy import prompt_ids
 from .rewards import Task
 from .rollout import Completion, HFEngine, SamplingParams
@@ -140,10 +141,12 @@ def eval_examples(cfg: Config) -> list[Example]:
     # the val split: apart from the test set, to choose settings on (`data.eval_path` names a test file)
     if d.eval_split == "val" and d.task == "synthetic": ex = synthetic_val(d)
     elif d.eval_split == "val":
-        if d.task not in ("arith", "geo3k"):
+        if not has_val(d.task):
+            some = [t for t in ("synthetic", "arith", *TASKS) if has_val(t)]
             raise DataError(f"data.eval_split=val: {d.task} has no val split here; choose settings on "
-                            "a task that has one (synthetic, arith, geo3k)")
-        ex = load_task(d.task, "val", None, d=d)
+                            f"a task that has one ({', '.join(some)})")
+        # carved from the train split (GSM8K, MATH): from `data.path`'s rows when it names them
+        ex = load_task(d.task, "val", d.path or None if carves_val(d.task) else None, d=d)
     # the shipped set, the tail variant's, or `data.eval_path`'s
     elif d.task == "synthetic": ex = synthetic_eval(d)
     else: ex = load_task(d.task, "test", d.eval_path or None, d=d)

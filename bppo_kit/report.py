@@ -13,12 +13,13 @@ from .cost import band_words
 from .stats import contrast_table, eval_noise, mde, plateau_over_seeds, summarize
 
 # %% auto #0
-__all__ = ['LOAD_MARGIN', 'COST_UNITS', 'FRACTIONS', 'TOLERANCES', 'DESCRIBED', 'UNIT_NAMES', 'PLATEAU_MARGIN', 'loaded',
-           'metric_rows', 'accuracy_curve', 'interpolate', 'subset_curve', 'crossing', 'against_baseline',
-           'run_summary', 'runs_of', 'cost_to_target', 'is_accuracy', 'metric_values', 'arms_and_contrasts',
-           'gpu_prediction', 'verdict_table', 'units_table', 'gpu_note', 'fractions_table', 'target_table',
-           'responses_table', 'secondary_sections', 'baseline_plateau', 'plateau_line', 'tuned_line', 'report_head',
-           'compare_figure', 'equal_cost_figure', 'build_report', 'verdict_figure', 'write_report']
+__all__ = ['LOAD_MARGIN', 'COST_UNITS', 'FRACTIONS', 'TOLERANCES', 'DESCRIBED', 'LENGTHS', 'LENGTH_GOALS', 'UNIT_NAMES',
+           'PLATEAU_MARGIN', 'loaded', 'metric_rows', 'accuracy_curve', 'interpolate', 'subset_curve', 'crossing',
+           'against_baseline', 'run_summary', 'runs_of', 'cost_to_target', 'is_accuracy', 'metric_values',
+           'length_words', 'arms_and_contrasts', 'gpu_prediction', 'verdict_table', 'units_table', 'gpu_note',
+           'fractions_table', 'target_table', 'responses_table', 'secondary_sections', 'baseline_plateau',
+           'plateau_line', 'tuned_line', 'report_head', 'compare_figure', 'equal_cost_figure', 'build_report',
+           'verdict_figure', 'write_report']
 
 # %% ../nbs/25c_report.ipynb #44b602f9
 LOAD_MARGIN = 0.5  # a load above the cores by more than this flags the run's wall times
@@ -176,8 +177,18 @@ def metric_values(per: dict[str, dict[int, dict]], metric: str) -> dict[str, dic
             for n, runs in per.items()}
 
 # %% ../nbs/25c_report.ipynb #1a3d1ec8
+LENGTHS = ("final_tokens",)  # response lengths: measured, not judged
+LENGTH_GOALS = ("shorter", "longer")
+
+def length_words(c: dict, goal: str | None) -> dict: # goal: one of `LENGTH_GOALS`, or None
+    ("A length contrast (`contrast_table`'s, scored as if `goal` were wanted, shorter when None) with its "
+     "verdict in words: better/worse only where the design says which length the user wants")
+    if goal: return c
+    return c | dict(verdict={"better": "shorter", "worse": "longer"}.get(c["verdict"], c["verdict"]))
+
 def arms_and_contrasts(per: dict[str, dict[int, dict]], baseline: str, # arm -> seed -> run_summary
-                       margin: float = 0.02) -> tuple[dict, dict, dict]:
+                       margin: float = 0.02,
+                       length_goal: str | None = None) -> tuple[dict, dict, dict]: # of `LENGTH_GOALS`
     "(`arms[NAME][METRIC]`, `contrasts[NAME][METRIC]`, the design's 80%-power detectable effect per metric)"
     metrics = sorted({k for runs in per.values() for r in runs.values() for k, v in r.items()
                       if isinstance(v, (int, float)) and not isinstance(v, bool)})
@@ -192,7 +203,9 @@ def arms_and_contrasts(per: dict[str, dict[int, dict]], baseline: str, # arm -> 
         acc = is_accuracy(metric)
         if metric.startswith("accuracy_at_"):  # against the baseline's final accuracy on the same curve
             values[baseline] = metric_values(per, "final_curve_accuracy")[baseline]
-        table = contrast_table(values, baseline, margin if acc else None, higher_is_better=acc)
+        table = contrast_table(values, baseline, margin if acc else None,
+                               higher_is_better=acc or metric in LENGTHS and length_goal == "longer")
+        if metric in LENGTHS: table = {n: length_words(c, length_goal) for n, c in table.items()}
         # only the arms with a seed in common with the baseline
         contrasts.update({n: contrasts[n] | {metric: c} for n, c in table.items() if c["n"]})
         sds = [c["sd"] for c in table.values() if c["sd"] is not None]
@@ -512,7 +525,7 @@ def build_report(runs: dict[str, dict[int, Path]], design: dict, chosen: dict | 
     base, tols = design["baseline"], tuple(sorted(set(TOLERANCES) | {design["tolerance"]}))
     per = {n: {s: run_summary(p, runs[base].get(s), tols) for s, p in seeds.items()}
            for n, seeds in runs.items()}
-    arms, contrasts, mde80 = arms_and_contrasts(per, base, design["margin"])
+    arms, contrasts, mde80 = arms_and_contrasts(per, base, design["margin"], design.get("length_goal"))
     units = [u for u in COST_UNITS if any(f"total_{u}" in a for a in arms.values())]
     final = arms[base].get("final_accuracy")
     problems = [r["eval_problems"] for r in per[base].values() if r.get("eval_problems")]
@@ -566,6 +579,23 @@ def verdict_figure(rep: dict, # a report (`build_report`)
 
 
 # %% ../nbs/25c_report.ipynb #3b798594
+def _price_words(design: dict) -> str:
+    "What a budget in predicted GPU seconds was priced for, in words; '' for another budget"
+    p = design.get("price")
+    return (f" The GPU seconds are predicted, not measured: each step priced as it ran for {p['model']} on one "
+            f"{p['gpu']} (the cost lesson's roofline at its default assumptions)." if p else "")
+
+def _length_words(design: dict) -> str:
+    "What the report's verdicts on response length mean: the length the user wants, where the design says"
+    if goal := design.get("length_goal"):
+        return (f"Response length: this design wants it {goal} (`--length-goal`), so in `report.json` and "
+                f"`verdicts.png` a {goal} response is called better.")
+    return ("Response length is a measurement, not a goal: its verdicts (`report.json`, `verdicts.png`) say "
+            "shorter or longer, never better; a shorter response is worth having only if it stays right, and "
+            "a design that wants one length says which (`--length-goal shorter|longer`).")
+
+
+# %% ../nbs/25c_report.ipynb #d693f217
 def write_report(out: Path, runs: dict[str, dict[int, Path]], # arm -> seed -> run folder
                  design: dict, chosen: dict | None = None, plateau_margin: float = PLATEAU_MARGIN) -> dict:
     "`report.json`, `report.md`, `verdicts.png`, `compare.png` (a budget: `equal_cost.png`) of finished runs"
@@ -582,10 +612,11 @@ def write_report(out: Path, runs: dict[str, dict[int, Path]], # arm -> seed -> r
         who = "the baseline" if payer == design["baseline"] else f"`{payer}`"
         lines += ["", f"## {at or 'Equal '}cost: {name}", "", f"Every arm but {who} ran until it had "
                   f"spent {at}{who}'s total {name} for its seed (or its cap on steps): its final "
-                  "accuracy is its accuracy at that cost.", "", "![equal cost](equal_cost.png)"]
+                  "accuracy is its accuracy at that cost." + _price_words(design), "",
+                  "![equal cost](equal_cost.png)"]
     lines += ["", "## Every unit", "", "Totals over training (x the baseline's mean).", ""]
     lines += units_table(arms, design["baseline"], flagged, gpu) + gpu_note(gpu) + secondary_sections(rep)
-    lines += ["", "## Responses and steps", ""] + responses_table(arms)
+    lines += ["", "## Responses and steps", "", _length_words(design), ""] + responses_table(arms)
     lines += ["", "![comparison](compare.png)", ""]
     (out / "report.md").write_text("\n".join(lines))
     lists = {n: list(s.values()) for n, s in runs.items()}

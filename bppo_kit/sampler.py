@@ -12,7 +12,8 @@ from .config import Config, ConfigError
 from .core import Completion, Rollout, SamplingParams
 from .rollout import engine_class, records_logprobs
 from .distributed import Dist, deal_items, gather_rollout
-from .data import Example, held_out, load_task, problem_stream, style_of, synthetic_example
+from .data import (Example, carves_val, held_out, in_carved_val, load_task, problem_stream, style_of,
+                           synthetic_example)
 from .evaluate import response_tokens
 from .rewards import Task
 from .policy import fitting_prompts, prompt_ids, prompt_limit
@@ -48,6 +49,8 @@ class PromptSource:
                               f"train.prompts_per_step={self.n}")
         self.examples = (examples if own else None if d.task == "synthetic"
                          else load_task(d.task, "train", d.path or None, d=d))
+        if not own and d.eval_split == "val" and carves_val(d.task):  # its val split: carved, not trained on
+            self.examples = [e for e in self.examples if not in_carved_val(e)]
         # the synthetic task's eval set (the shipped one, the tail variant's or data.eval_path's) is never
         # trained on, nor its val set in a run that chooses settings on it
         self.held = held_out(d) if d.task == "synthetic" and not own else set()

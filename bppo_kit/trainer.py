@@ -14,6 +14,7 @@ from tqdm.auto import tqdm
 from .config import Config, ConfigError, TrainConfig
 from .core import Algorithm, Engine, SamplingParams, algorithm_class, check_settings, make_algorithm
 from .rollout import engine_caps, engine_class
+from .cost import check_price, step_seconds
 from .distributed import (Dist, checkpoint_states, gather_into, init_dist, load_optimizer_state,
                                   reduce_metrics)
 from .evaluate import eval_examples, evaluate
@@ -34,7 +35,7 @@ __all__ = ['COSTS', 'lr_at', 'device_of', 'Session', 'own_state', 'check_precisi
            'with_lora', 'start_policy', 'load_for_training', 'make_optimizer', 'build_engine', 'closed_on_error',
            'frees_on_error', 'setup', 'check_disk', 'merge_histograms', 'step_costs', 'pass_histogram', 'train_step',
            'evaluate_step', 'eval_examples_of', 'check_algorithm', 'check_run', 'open_run_on', 'rows_after', 'run_cost',
-           'end_of_run', 'check_budget', 'RunLog', 'run_steps', 'train']
+           'priced', 'end_of_run', 'check_budget', 'RunLog', 'run_steps', 'train']
 
 # %% ../nbs/24_trainer.ipynb #ef0a4107
 def lr_at(step: int, lr: float, warmup_steps: int = 0) -> float:
@@ -350,6 +351,7 @@ def check_run(cfg: Config):
     engine_class(cfg.rollout.engine).check(cfg)
     check_precision(cfg)
     check_trackers(cfg)  # a tracker that is not installed
+    check_price(cfg)  # a budget in predicted GPU seconds: a model the cost lesson can price
 
 # %% ../nbs/24_trainer.ipynb #351842da
 def open_run_on(dist: Dist, cfg: Config, resume: bool, overwrite: bool,
@@ -391,6 +393,11 @@ def run_cost(rows: list[dict], # metric rows, in step order
                               "(its engine or algorithm does not count it); budget another unit")
         total += r[unit]
     return total
+
+# %% ../nbs/24_trainer.ipynb #8c02548f
+def priced(cfg: Config, row: dict) -> dict:
+    "`row` with its predicted GPU seconds (`gpu_s`) when the run's budget is in them (`train.budget_unit=gpu_s`)"
+    return row | dict(gpu_s=step_seconds(cfg, row)) if cfg.train.budget_unit == "gpu_s" else row
 
 # %% ../nbs/24_trainer.ipynb #ed8f38a2
 def end_of_run(t: TrainConfig, done: int, # steps done
@@ -459,7 +466,7 @@ def run_steps(rl: RunLog, end: int, # steps `rl.s.start` .. `end - 1`, unless th
                initial=s.start, total=t.steps)
     try:
         for step in bar:
-            row = train_step(cfg, s, step)
+            row = priced(cfg, train_step(cfg, s, step))
             # rank 0's total (its rows are the ones written): every process ends at the same step
             if t.budget: spent = dist.gather(spent + run_cost([row], t.budget_unit))[0]
             # log

@@ -8,8 +8,8 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from .config import Config, ConfigError, apply_overrides, from_dict, to_dict
-from .compare import (BUDGET_UNITS, _train_one, config_hash, parse_arm, record_design,
-                              variant_config)
+from .compare import (BUDGET_UNITS, _train_one, config_hash, parse_arm, priced_config,
+                              record_design, variant_config)
 from .runs import read_jsonl_rows
 from .stats import plateau_over_seeds
 
@@ -106,7 +106,8 @@ def tune(base: Config, # the shared config (steps, eval size, …); evaluated on
     from optuna.storages import JournalStorage
     from optuna.storages.journal import JournalFileBackend
     _check_tune(arms, seeds, trials, budget, max_steps)
-    base = apply_overrides(from_dict(to_dict(base)), ["data.eval_split=val"])  # never the test set
+    # never the test set; with a budget in GPU seconds, the reference's rows priced
+    base = apply_overrides(priced_config(from_dict(to_dict(base)), budget), ["data.eval_split=val"])
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     space = space or default_space(base)

@@ -105,3 +105,44 @@ def test_cli_compare_at_equal_decode_steps(tmp_path):
     assert "## Equal cost: decoding passes" in r.stdout
     c = load_config(tmp_path / "bppo-s0" / "config.yaml")
     assert (c.train.budget, c.train.steps) == (totals(tmp_path / "grpo-s0", "decode_steps")[-1], 3)
+
+
+@needs_tiny
+def test_a_budget_in_predicted_gpu_seconds(tmp_path):
+    "Each row priced as it is written (what `bppo cost` says of that step in turn); the run ends where the sum does"
+    from bppo_kit.cost import predict_run
+    run = tmp_path / "g"
+    probe = train(cfg_of(tmp_path / "probe", "train.steps=3", "train.budget_unit=gpu_s", "train.price_gpu=A100"),
+                  progress=False, evaluate_every=False)
+    per_step = [r["gpu_s"] for r in read_jsonl_rows(tmp_path / "probe" / "metrics.jsonl")]
+    assert probe["steps"] == 3 and all(g > 0 for g in per_step)
+    # the same steps priced afterwards by the cost model, in turn, for the same model and GPU
+    after = predict_run(tmp_path / "probe", model="Qwen/Qwen2.5-1.5B-Instruct", gpu="A100")["steps"]
+    assert per_step == pytest.approx([s["gpu_s"] for s in after], rel=1e-12)
+    budget = per_step[0] + per_step[1] / 2  # reached during the second step
+    s = train(cfg_of(run, "train.steps=3", "train.budget_unit=gpu_s", "train.price_gpu=A100",
+                     f"train.budget={budget!r}"), progress=False, evaluate_every=False)
+    assert (s["stopped"], s["steps"]) == ("budget", 2) and s["spent"] == pytest.approx(sum(per_step[:2]))
+
+
+def test_a_price_model_without_a_shape_is_one_line(tmp_path):
+    r = subprocess.run(bppo_cmd() + ["train", "--preset", "cpu-demo", "--set", "train.budget_unit=gpu_s", "--set",
+                                     "train.price_model=nowhere/none", "--out", str(tmp_path / "x")],
+                       capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert r.returncode == 2 and "train.price_model: no config for 'nowhere/none'" in r.stderr, r.stderr[-2000:]
+    assert r.stderr.strip().count("\n") == 0, r.stderr
+
+
+@needs_tiny
+def test_cli_compare_at_equal_predicted_gpu_seconds(tmp_path):
+    sets = [x for o in SMALL for x in ("--set", o)]
+    r = subprocess.run(bppo_cmd() + ["compare", "--algos", "grpo,bppo", "--seeds", "1", "--steps", "1", "--budget",
+                                     "gpu_s", "--max-steps", "3", "--out", str(tmp_path), "--quiet", *sets],
+                       capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "## Equal cost: GPU s (predicted)" in r.stdout and "predicted, not measured" in r.stdout
+    c = load_config(tmp_path / "bppo-s0" / "config.yaml")
+    assert c.train.budget == pytest.approx(totals(tmp_path / "grpo-s0", "gpu_s")[-1]) and c.train.steps == 3
+    spent = totals(tmp_path / "bppo-s0", "gpu_s")
+    assert spent[-1] >= c.train.budget or len(spent) == 3
+    assert all(x < c.train.budget for x in spent[:-1])

@@ -79,3 +79,17 @@ def test_the_baseline_plateau_line(tmp_path, margin, said):
     assert p["values"] == pytest.approx([0.0, 0.01, 0.022]) and p["verdict"] == said and p["margin"] == margin
     line = next(x for x in (tmp_path / "report.md").read_text().splitlines() if x.startswith("The baseline's plateau"))
     assert f"**{said}**" in line and "over the last 25% of its decoding passes (3 seed(s))" in line
+
+
+@pytest.mark.parametrize("goal,said", [(None, "shorter"), ("shorter", "better"), ("longer", "worse")])
+def test_a_shorter_response_is_a_measurement_not_better(tmp_path, goal, said):
+    "Issue 55's words: a length verdict says shorter or longer, better or worse only where the design wants one"
+    runs = _comparison(tmp_path, priced=False)
+    for s, run in runs["bppo"].items():  # BPPO's answers about a third shorter than GRPO's 40 tokens
+        e = [json.loads(x) for x in (run / "eval.jsonl").read_text().splitlines()]
+        (run / "eval.jsonl").write_text("".join(json.dumps(r | dict(mean_response_tokens=27 + s)) + "\n" for r in e))
+    rep = write_report(tmp_path, runs, DESIGN | ({"length_goal": goal} if goal else {}))
+    assert rep["contrasts"]["bppo"]["final_tokens"]["verdict"] == said
+    md = (tmp_path / "report.md").read_text()
+    assert ("Response length is a measurement, not a goal" in md) == (goal is None)
+    assert (f"this design wants it {goal}" in md) == (goal is not None)

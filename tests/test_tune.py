@@ -7,7 +7,7 @@ from conftest import ROOT, bppo_cmd, needs_tiny
 from bppo_kit import trainer as T
 from bppo_kit import tune as TU
 from bppo_kit.compare import read_designs
-from bppo_kit.config import get_config, load_config
+from bppo_kit.config import get_config, load_config, shared_data_dir
 from bppo_kit.evaluate import eval_examples
 
 TINY = ["train.steps=2", "train.prompts_per_step=2", "rollout.group_size=4", "data.eval_size=4",
@@ -85,3 +85,18 @@ def test_cli_tune_then_tuned_confirm(tmp_path):
         c = load_config(next(cmp.glob(f"{a['arm'].replace(':', '~')}-s7")) / "config.yaml")
         assert c.train.lr == pytest.approx(float(a["arm"].split("train.lr=")[1].split(":")[0]))
         assert c.data.eval_split == "test"  # a confirming design reports on the test set
+
+
+@pytest.mark.skipif(not (shared_data_dir() / "gsm8k" / "train.jsonl").exists(), reason="../shared/data/gsm8k is absent")
+def test_gsm8k_and_math_tune_on_a_val_split_carved_from_train():
+    "A task without a val split of its own: 1 train problem in 20, never a test one, never trained on when tuning"
+    from bppo_kit.data import load_task
+    from bppo_kit.sampler import PromptSource
+    for task, preset in (("gsm8k", "gsm8k-qwen2.5-0.5b"), ("math", "math-qwen2.5-1.5b")):
+        cfg = get_config(preset, overrides=[f"data.task={task}", "data.eval_split=val", "data.eval_size=0"])
+        val = {e.prompt for e in eval_examples(cfg)}
+        train, test = load_task(task, "train"), {e.prompt for e in load_task(task, "test")}
+        assert 0.03 < len(val) / len(train) < 0.07 and not val & test, (task, len(val))
+        tuning = {e.prompt for e in PromptSource(cfg).examples}
+        assert not tuning & val and tuning | val == {e.prompt for e in train}
+        assert {e.prompt for e in PromptSource(get_config(preset, overrides=[f"data.task={task}"])).examples} >= val
