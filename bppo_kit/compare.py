@@ -243,9 +243,9 @@ def check_sources(folders: list[Path]) -> None:
 
 def check_fresh(seeds: list[int], folders: list[Path]) -> None:
     "A confirming design's seeds must be fresh: refuse (one line) those a choosing design in `folders` used"
-    used = set().union(*chosen_on(folders).values()) if folders else set()
-    if clash := sorted(set(seeds) & used):
-        listed, where = ", ".join(map(str, clash)), ", ".join(map(str, folders))
+    used = {f: set().union(*chosen_on([f]).values()) & set(seeds) for f in folders}  # each folder's clash
+    if clash := sorted(set().union(*used.values())):
+        listed, where = ", ".join(map(str, clash)), ", ".join(str(f) for f, s in used.items() if s)
         raise ConfigError(f"--confirm: seed(s) {listed} were used by a choosing design in {where}; confirm on "
                           "fresh seeds")
 
@@ -320,10 +320,10 @@ def compare(base: Config, # the shared config (steps, eval size, …)
     "Train every variant for every seed (with a `budget`: the others at the baseline's cost), then report"
     _check_args(budget, max_steps, unit, margin, budget_fraction, length_goal)
     base, out = priced_config(base, budget), Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     folders = [out, *(Path(f).resolve() for f in chosen_in)]
     check_sources(folders[1:])
-    if confirm: check_fresh(seeds, folders)
+    if confirm: check_fresh(seeds, folders)  # before anything is written: a refused design leaves no folder
+    out.mkdir(parents=True, exist_ok=True)
     cfgs = {(v, s): variant_config(base, v, s, out) for v in variants for s in seeds}  # all checked up front
     for (v, _), c in cfgs.items():
         if budget is None or v == variants[0]: check_run_folder(Path(c.train.out), c)

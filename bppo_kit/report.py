@@ -448,9 +448,10 @@ def report_head(rep: dict) -> list[str]:
         lines += [""] * (lines[-1] != "") + ["This design detects with 80% power differences of " + "; ".join(
             f"{100 * x:.1f} points in {what}" for what, x in detect if x) + "."]
     if (noise := rep.get("eval_noise")) is not None:
+        spread = (f"varies by {100 * noise['seeds_sd']:.1f} points (SD) over seeds" if noise["seeds_sd"]
+                  is not None else "has no spread to show on one seed")
         lines += [f"One evaluation of {noise['problems']} problems at the baseline's final accuracy has an SD "
-                  f"of up to {100 * noise['sd']:.1f} points (binomial); the baseline's final accuracy varies "
-                  f"by {100 * (noise['seeds_sd'] or 0):.1f} points (SD) over seeds."]
+                  f"of up to {100 * noise['sd']:.1f} points (binomial); the baseline's final accuracy {spread}."]
     return lines + [""]
 
 # %% ../nbs/25c_report.ipynb #4a6e6f5c

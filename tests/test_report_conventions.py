@@ -93,3 +93,13 @@ def test_a_shorter_response_is_a_measurement_not_better(tmp_path, goal, said):
     md = (tmp_path / "report.md").read_text()
     assert ("Response length is a measurement, not a goal" in md) == (goal is None)
     assert (f"this design wants it {goal}" in md) == (goal is not None)
+
+
+def test_one_seed_shows_no_spread_rather_than_zero(tmp_path):
+    runs = {n: {0: r[0]} for n, r in _comparison(tmp_path, priced=False).items()}
+    write_report(tmp_path, runs, DESIGN | dict(seeds=[0]))
+    md = (tmp_path / "report.md").read_text()
+    assert "final accuracy has no spread to show on one seed" in md and "0.0 points (SD) over seeds" not in md
+    full = _comparison(tmp_path / "three", priced=False)
+    write_report(tmp_path / "three", full, DESIGN)
+    assert "final accuracy varies by 1.1 points (SD) over seeds" in (tmp_path / "three" / "report.md").read_text()
