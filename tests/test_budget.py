@@ -96,18 +96,6 @@ def test_cli_budget_flag_errors_are_one_line():
         assert r.returncode == 2 and msg in r.stderr and r.stderr.strip().count("\n") == 0, r.stderr
 
 @needs_tiny
-def test_cli_compare_at_equal_decode_steps(tmp_path):
-    sets = [x for o in SMALL for x in ("--set", o)]
-    r = subprocess.run(bppo_cmd() + ["compare", "--algos", "grpo,bppo", "--seeds", "1", "--steps", "1", "--budget",
-                                     "decode_steps", "--max-steps", "3", "--out", str(tmp_path), "--quiet", *sets],
-                       capture_output=True, text=True, timeout=600, cwd=ROOT)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert "## Equal cost: decoding passes" in r.stdout
-    c = load_config(tmp_path / "bppo-s0" / "config.yaml")
-    assert (c.train.budget, c.train.steps) == (totals(tmp_path / "grpo-s0", "decode_steps")[-1], 3)
-
-
-@needs_tiny
 def test_a_budget_in_predicted_gpu_seconds(tmp_path):
     "Each row priced as it is written (what `bppo cost` says of that step in turn); the run ends where the sum does"
     from bppo_kit.cost import predict_run
@@ -134,15 +122,17 @@ def test_a_price_model_without_a_shape_is_one_line(tmp_path):
 
 
 @needs_tiny
-def test_cli_compare_at_equal_predicted_gpu_seconds(tmp_path):
+@pytest.mark.parametrize("unit,heading", [("decode_steps", "## Equal cost: decoding passes"),
+                                          ("gpu_s", "## Equal cost: GPU s (predicted)")])
+def test_cli_compare_at_equal_cost(tmp_path, unit, heading):
+    "The others run until they have spent the baseline's total of the unit (predicted GPU s: priced as they run)"
     sets = [x for o in SMALL for x in ("--set", o)]
     r = subprocess.run(bppo_cmd() + ["compare", "--algos", "grpo,bppo", "--seeds", "1", "--steps", "1", "--budget",
-                                     "gpu_s", "--max-steps", "3", "--out", str(tmp_path), "--quiet", *sets],
+                                     unit, "--max-steps", "3", "--out", str(tmp_path), "--quiet", *sets],
                        capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "## Equal cost: GPU s (predicted)" in r.stdout and "predicted, not measured" in r.stdout
+    assert heading in r.stdout and ("predicted, not measured" in r.stdout) == (unit == "gpu_s")
     c = load_config(tmp_path / "bppo-s0" / "config.yaml")
-    assert c.train.budget == pytest.approx(totals(tmp_path / "grpo-s0", "gpu_s")[-1]) and c.train.steps == 3
-    spent = totals(tmp_path / "bppo-s0", "gpu_s")
-    assert spent[-1] >= c.train.budget or len(spent) == 3
-    assert all(x < c.train.budget for x in spent[:-1])
+    assert c.train.budget == pytest.approx(totals(tmp_path / "grpo-s0", unit)[-1]) and c.train.steps == 3
+    spent = totals(tmp_path / "bppo-s0", unit)
+    assert (spent[-1] >= c.train.budget or len(spent) == 3) and all(x < c.train.budget for x in spent[:-1])
