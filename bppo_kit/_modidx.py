@@ -47,6 +47,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                               'bppo_kit.cli._eval_args': ('cli.html#_eval_args', 'bppo_kit/cli.py'),
                               'bppo_kit.cli._fmt': ('cli.html#_fmt', 'bppo_kit/cli.py'),
                               'bppo_kit.cli._launch_args': ('cli.html#_launch_args', 'bppo_kit/cli.py'),
+                              'bppo_kit.cli._note_cheaper': ('cli.html#_note_cheaper', 'bppo_kit/cli.py'),
                               'bppo_kit.cli._plan_args': ('cli.html#_plan_args', 'bppo_kit/cli.py'),
                               'bppo_kit.cli._plot_args': ('cli.html#_plot_args', 'bppo_kit/cli.py'),
                               'bppo_kit.cli._plugins': ('cli.html#_plugins', 'bppo_kit/cli.py'),

@@ -153,6 +153,16 @@ def _arms(args) -> list[str]:
 
 
 # %% ../nbs/27_cli.ipynb #bc21d987
+def _note_cheaper(cfg: Config, arms: list[str], budget: str | None) -> None:
+    "A note (stderr) when arms that claim a cheaper step are compared at equal steps: no `--budget`"
+    from bppo_kit.tune import CHEAPER_STEP, arm_algo
+    if budget is None and (cheap := sorted({arm_algo(cfg, a) for a in arms} & set(CHEAPER_STEP))):
+        print(f"bppo compare: note: {', '.join(cheap)} claim a cheaper step; at equal steps they are asked to "
+              "learn as much from less (--budget decode_steps or gpu_s gives every arm the baseline's cost)",
+              file=sys.stderr)
+
+
+# %% ../nbs/27_cli.ipynb #6345a856
 def cmd_compare(args, cfg: Config) -> int:
     "`compare` of `--algos` over `--seeds` (with `--budget`: at the baseline's cost); prints `report.md`"
     from bppo_kit.compare import BUDGET_UNITS, compare, parse_seeds, report_folder
@@ -183,6 +193,7 @@ def cmd_compare(args, cfg: Config) -> int:
         p = plateau_gate(tuned, next(iter(chosen)), getattr(args, "allow_rising", False))  # the baseline's
         arms, confirm, sources = list(chosen.values()), True, [*sources, tuned]
         extra = dict(tuned=str(tuned), tuned_plateau=p)
+    _note_cheaper(cfg, arms, args.budget)
     compare(cfg, arms, parse_seeds(args.seeds),
             args.out, progress=not args.quiet, tolerance=args.tolerance / 100, budget=args.budget,
             max_steps=args.max_steps, budget_fraction=fraction or 1.0, unit=args.unit,

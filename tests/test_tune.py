@@ -78,6 +78,7 @@ def test_cli_tune_then_tuned_confirm(tmp_path):
     r = bppo("compare", "--preset", "cpu-demo", "--tuned", tune_dir, "--seeds", "7-8", "--out", cmp, "--quiet",
              *sets)
     assert r.returncode == 0, r.stderr[-3000:]
+    assert "note: bppo claim a cheaper step; at equal steps" in r.stderr  # no --budget: said, not refused
     rep = json.loads((cmp / "report.json").read_text())
     assert rep["design"]["kind"] == "confirming"
     assert list(rep["arms"]) == [a["arm"] for a in tuned["arms"].values()]  # each arm at its chosen settings
