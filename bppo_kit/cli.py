@@ -193,13 +193,13 @@ def cmd_compare(args, cfg: Config) -> int:
         p = plateau_gate(tuned, next(iter(chosen)), getattr(args, "allow_rising", False))  # the baseline's
         arms, confirm, sources = list(chosen.values()), True, [*sources, tuned]
         extra = dict(tuned=str(tuned), tuned_plateau=p)
-    _note_cheaper(cfg, arms, args.budget)
     compare(cfg, arms, parse_seeds(args.seeds),
             args.out, progress=not args.quiet, tolerance=args.tolerance / 100, budget=args.budget,
             max_steps=args.max_steps, budget_fraction=fraction or 1.0, unit=args.unit,
             margin=args.margin / 100, confirm=confirm,
             chosen_in=tuple(sources), interleave=args.interleave, command=command, extra=extra,
             length_goal=getattr(args, "length_goal", None))
+    _note_cheaper(cfg, arms, args.budget)  # after the design ran: its refusals stay one line
     print((Path(args.out) / "report.md").read_text())
     return 0
 
